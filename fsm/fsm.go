@@ -1,0 +1,343 @@
+package fsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// Config configures an FSM.
+type Config struct {
+	// Dir holds the FSM's Pebble database (Dir/db). Created if missing.
+	Dir     string
+	Bloom   bloom.Config
+	Storage storage.Options
+	Logger  *slog.Logger
+}
+
+// FSM is dedupnode's replicated state machine: it applies Commands from the
+// Raft log to a Pebble database and answers reads from it. It implements
+// raft.FSM and raft.BatchingFSM. See doc.go for the apply contract.
+//
+// Apply, ApplyBatch, Snapshot and Restore are called by one goroutine (the
+// Raft FSM loop); the read methods may be called from any goroutine.
+type FSM struct {
+	cfg     Config
+	log     *slog.Logger
+	filters *bloom.Filters
+
+	// mu guards everything below. Apply holds it exclusively for a whole
+	// batch, so a reader never sees a half-applied batch; readers hold it
+	// shared per ID.
+	mu          sync.RWMutex
+	db          *storage.DB
+	st          state
+	notify      chan struct{} // closed and replaced after every apply
+	persistWG   sync.WaitGroup
+	bg          *background
+	closed      bool
+	lastDropped []keyRange // ranges to compact, handed to the compactor
+}
+
+// state is the in-memory mirror of the small, hot part of the database:
+// loaded at open and restore, mutated only by apply.
+type state struct {
+	applied     uint64
+	appliedTerm uint64
+	lastTs      int64
+	nsSeq       uint32
+	namespaces  map[string]*NamespaceConfig
+	nsByID      map[uint32]*NamespaceConfig
+	// buckets lists each namespace's buckets in ascending order.
+	buckets map[uint32][]uint64
+	// counts is the number of records stored per bucket (including expired
+	// ones not yet dropped).
+	counts map[bloom.Key]uint64
+	nodes  map[string]string
+}
+
+type keyRange struct{ start, end []byte }
+
+const (
+	metaApplied = "applied"
+	metaTs      = "ts"
+	metaNsSeq   = "nsseq"
+	dbDirName   = "db"
+)
+
+// New opens (or creates) the FSM's database in cfg.Dir and starts rebuilding
+// the Bloom filters in the background; until that finishes, reads go to
+// storage. Startup cost is O(namespaces + buckets), not O(IDs).
+func New(cfg Config) (*FSM, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create fsm dir: %w", err)
+	}
+	f := &FSM{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "fsm"),
+		filters: bloom.New(cfg.Bloom),
+		notify:  make(chan struct{}),
+	}
+	if err := f.open(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// open opens Dir/db, loads state and starts background work. Caller holds
+// mu or has exclusive access.
+func (f *FSM) open() error {
+	db, err := storage.Open(filepath.Join(f.cfg.Dir, dbDirName), f.storageOptions())
+	if err != nil {
+		return err
+	}
+	st, err := loadState(db)
+	if err != nil {
+		db.Close()
+		return err
+	}
+	f.db = db
+	f.st = st
+	f.bg = startBackground(f)
+	return nil
+}
+
+func (f *FSM) storageOptions() storage.Options {
+	o := f.cfg.Storage
+	if o.Logger == nil {
+		o.Logger = f.cfg.Logger
+	}
+	return o
+}
+
+// loadState reads the in-memory state, initialising a fresh database with
+// the default namespace (identically on every replica).
+func loadState(db *storage.DB) (state, error) {
+	st := state{
+		namespaces: map[string]*NamespaceConfig{},
+		nsByID:     map[uint32]*NamespaceConfig{},
+		buckets:    map[uint32][]uint64{},
+		counts:     map[bloom.Key]uint64{},
+		nodes:      map[string]string{},
+	}
+	v, found, err := storage.GetCopy(db, storage.MetaKey(metaNsSeq))
+	if err != nil {
+		return st, fmt.Errorf("load state: %w", err)
+	}
+	if !found {
+		b := db.NewBatch()
+		def := DefaultNamespaceConfig(DefaultNamespace)
+		def.ID = 1
+		_ = b.Set(storage.NamespaceKey(def.Name), encodeNamespace(&def), nil)
+		_ = b.Set(storage.MetaKey(metaNsSeq), encodeUvarint(2), nil)
+		if err := b.Commit(pebble.Sync); err != nil {
+			return st, fmt.Errorf("initialise state: %w", err)
+		}
+		b.Close()
+		v = encodeUvarint(2)
+	}
+	seq, err := decodeUvarint(v)
+	if err != nil {
+		return st, fmt.Errorf("load nsseq: %w", err)
+	}
+	st.nsSeq = uint32(seq)
+	if v, found, err := storage.GetCopy(db, storage.MetaKey(metaApplied)); err != nil {
+		return st, err
+	} else if found {
+		if st.applied, st.appliedTerm, err = decodeApplied(v); err != nil {
+			return st, err
+		}
+	}
+	if v, found, err := storage.GetCopy(db, storage.MetaKey(metaTs)); err != nil {
+		return st, err
+	} else if found {
+		ts, err := decodeVarint(v)
+		if err != nil {
+			return st, fmt.Errorf("load ts: %w", err)
+		}
+		st.lastTs = ts
+	}
+	err = scanPrefix(db, []byte{storage.PrefixNamespace}, func(k, v []byte) error {
+		ns, err := decodeNamespace(v)
+		if err != nil {
+			return err
+		}
+		st.namespaces[ns.Name] = &ns
+		st.nsByID[ns.ID] = &ns
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load namespaces: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixBucket}, func(k, v []byte) error {
+		nsID, b, ok := storage.ParseBucketKey(k)
+		if !ok {
+			return fmt.Errorf("bad bucket key %x", k)
+		}
+		n, err := decodeUvarint(v)
+		if err != nil {
+			return err
+		}
+		st.buckets[nsID] = append(st.buckets[nsID], b) // keys are sorted
+		st.counts[bloom.Key{Namespace: nsID, Bucket: b}] = n
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load buckets: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixNode}, func(k, v []byte) error {
+		st.nodes[string(k[1:])] = string(v)
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load nodes: %w", err)
+	}
+	return st, nil
+}
+
+func scanPrefix(r pebble.Reader, prefix []byte, fn func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: storage.PrefixEnd(prefix)})
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if err := fn(it.Key(), it.Value()); err != nil {
+			it.Close()
+			return err
+		}
+	}
+	return errors.Join(it.Error(), it.Close())
+}
+
+// Close stops background work and closes the database. The FSM must not be
+// used afterwards.
+func (f *FSM) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	bg := f.bg
+	f.mu.Unlock()
+	bg.stop()
+	f.persistWG.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.db.Close()
+}
+
+// AppliedIndex returns the index of the last Raft entry whose effects are
+// stored (persisted atomically with them).
+func (f *FSM) AppliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.applied
+}
+
+// LastTimestamp returns the largest command timestamp applied (Unix ms).
+// A new leader stamps commands with max(its clock, this) so time never goes
+// backwards.
+func (f *FSM) LastTimestamp() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.lastTs
+}
+
+// WaitApplied blocks until the applied index reaches index or ctx ends.
+func (f *FSM) WaitApplied(ctx context.Context, index uint64) error {
+	for {
+		f.mu.RLock()
+		applied, ch := f.st.applied, f.notify
+		f.mu.RUnlock()
+		if applied >= index {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for applied index %d (at %d): %w", index, applied, ctx.Err())
+		}
+	}
+}
+
+// Namespace returns the config of the named namespace ("" means default).
+func (f *FSM) Namespace(name string) (NamespaceConfig, bool) {
+	if name == "" {
+		name = DefaultNamespace
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	ns := f.st.namespaces[name]
+	if ns == nil {
+		return NamespaceConfig{}, false
+	}
+	return *ns, true
+}
+
+// Namespaces returns every namespace sorted by name.
+func (f *FSM) Namespaces() []NamespaceConfig {
+	f.mu.RLock()
+	out := make([]NamespaceConfig, 0, len(f.st.namespaces))
+	for _, ns := range f.st.namespaces {
+		out = append(out, *ns)
+	}
+	f.mu.RUnlock()
+	slices.SortFunc(out, func(a, b NamespaceConfig) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Nodes returns the known node ID → client address map.
+func (f *FSM) Nodes() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]string, len(f.st.nodes))
+	for k, v := range f.st.nodes {
+		out[k] = v
+	}
+	return out
+}
+
+// Stats are figures for Status.
+type Stats struct {
+	AppliedIndex uint64
+	LastTsMs     int64
+	// IDsStored counts stored records, including expired ones whose bucket
+	// is not yet dropped.
+	IDsStored uint64
+	Buckets   uint64
+	Bloom     bloom.Stats
+}
+
+// Stats returns current figures.
+func (f *FSM) Stats() Stats {
+	f.mu.RLock()
+	s := Stats{AppliedIndex: f.st.applied, LastTsMs: f.st.lastTs, Buckets: uint64(len(f.st.counts))}
+	for _, n := range f.st.counts {
+		s.IDsStored += n
+	}
+	f.mu.RUnlock()
+	s.Bloom = f.filters.Stats()
+	return s
+}

@@ -1,0 +1,187 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultNamespace is used when a request names no namespace. It exists from
+// the start in every FSM with DefaultNamespaceConfig.
+const DefaultNamespace = "default"
+
+// ExpiryMode says whether a duplicate sighting extends a record's expiry.
+type ExpiryMode uint8
+
+const (
+	// ExpiryFixed keeps the first expiry; duplicates never extend it.
+	ExpiryFixed ExpiryMode = 1
+	// ExpirySliding lets a duplicate Mark extend expiry to now+TTL.
+	ExpirySliding ExpiryMode = 2
+)
+
+func (m ExpiryMode) String() string {
+	switch m {
+	case ExpiryFixed:
+		return "fixed"
+	case ExpirySliding:
+		return "sliding"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// NamespaceConfig is an independent dedup space. All durations are
+// milliseconds.
+type NamespaceConfig struct {
+	Name string
+	// ID is assigned by the FSM at creation and used in storage keys.
+	ID             uint32
+	DefaultTTLMs   int64
+	MaxTTLMs       int64
+	MaxIDBytes     int
+	Mode           ExpiryMode
+	DefaultLeaseMs int64
+	// BucketWidthMs is the width of the expiry buckets; records are stored
+	// under the bucket of their expiry and a whole bucket is dropped with one
+	// range deletion once it has fully expired. Fixed at creation.
+	BucketWidthMs int64
+}
+
+// Namespace limits.
+const (
+	MinTTLMs           = int64(time.Second / time.Millisecond)
+	MaxTTLLimitMs      = int64(366 * 24 * time.Hour / time.Millisecond)
+	DefaultMaxIDBytes  = 512
+	DefaultLeaseMs     = int64(30 * time.Second / time.Millisecond)
+	targetBucketsPerNS = 32
+	minBucketWidthMs   = int64(time.Second / time.Millisecond)
+	maxBucketWidthMs   = int64(time.Hour / time.Millisecond)
+)
+
+// DefaultNamespaceConfig returns the settings of the "default" namespace and
+// of namespaces auto-created in dev mode: TTL 24h, max TTL 7 days, IDs up to
+// 512 bytes, fixed expiry, 30 s leases.
+func DefaultNamespaceConfig(name string) NamespaceConfig {
+	ns := NamespaceConfig{
+		Name:           name,
+		DefaultTTLMs:   int64(24 * time.Hour / time.Millisecond),
+		MaxTTLMs:       int64(7 * 24 * time.Hour / time.Millisecond),
+		MaxIDBytes:     DefaultMaxIDBytes,
+		Mode:           ExpiryFixed,
+		DefaultLeaseMs: DefaultLeaseMs,
+	}
+	ns.BucketWidthMs = BucketWidthFor(ns.MaxTTLMs)
+	return ns
+}
+
+// BucketWidthFor derives the expiry bucket width from a namespace's max TTL:
+// about 32 buckets span the max TTL, clamped to [1 s, 1 h].
+func BucketWidthFor(maxTTLMs int64) int64 {
+	w := (maxTTLMs + targetBucketsPerNS - 1) / targetBucketsPerNS
+	w = max(w, minBucketWidthMs)
+	w = min(w, maxBucketWidthMs)
+	return w
+}
+
+// Result codes carried in ItemResult.Code.
+type Code uint8
+
+const (
+	CodeNew        Code = 1 // Mark: recorded now
+	CodeDuplicate  Code = 2 // Mark/Claim: already recorded (committed)
+	CodeConflict   Code = 3 // Mark/Claim: recorded with a different digest
+	CodeAcquired   Code = 4 // Claim: lease taken
+	CodeInProgress Code = 5 // Claim: another live lease holds the ID
+	CodeOK         Code = 6 // Commit/Renew/Release/Forget succeeded
+	CodeLeaseLost  Code = 7 // Commit/Renew/Release: the lease is gone or fenced
+	CodeSeen       Code = 8 // Check: recorded and not expired
+	CodeNotSeen    Code = 9 // Check: absent or expired
+)
+
+func (c Code) String() string {
+	switch c {
+	case CodeNew:
+		return "new"
+	case CodeDuplicate:
+		return "duplicate"
+	case CodeConflict:
+		return "conflict"
+	case CodeAcquired:
+		return "acquired"
+	case CodeInProgress:
+		return "in_progress"
+	case CodeOK:
+		return "ok"
+	case CodeLeaseLost:
+		return "lease_lost"
+	case CodeSeen:
+		return "seen"
+	case CodeNotSeen:
+		return "not_seen"
+	}
+	return fmt.Sprintf("code(%d)", uint8(c))
+}
+
+// RecordState is the state of a stored ID.
+type RecordState uint8
+
+const (
+	StateCommitted RecordState = 1 // marked or committed
+	StateLeased    RecordState = 2 // claimed, lease until ExpiresMs
+	// StateReleased remembers a released lease until its lease expiry so a
+	// retried Release answers OK; it does not count as seen.
+	StateReleased RecordState = 3
+)
+
+// Record is what the store keeps per ID. Times are Unix milliseconds.
+type Record struct {
+	State       RecordState
+	FirstSeenMs int64
+	ExpiresMs   int64
+	// Token is the request token of the call that recorded or claimed it.
+	Token []byte
+	// Digest is the payload digest given when recorded.
+	Digest []byte
+	// Fence is the fencing token of the latest claim: the Raft index of the
+	// entry that granted it, so it only grows per ID (and cluster-wide).
+	Fence uint64
+}
+
+// ItemResult is the outcome for one Item.
+type ItemResult struct {
+	Code Code
+	// Record is the state after the operation; zero if the ID is absent.
+	Record Record
+}
+
+// OpResult is the outcome of one Op. Err is non-nil when the whole op was
+// rejected at apply time (nothing of it was applied); it wraps one of the
+// sentinel errors below.
+type OpResult struct {
+	Err       error
+	Items     []ItemResult
+	Namespace NamespaceConfig
+}
+
+// ApplyResult is what FSM.Apply returns (through raft's ApplyFuture.Response)
+// for a Command: one OpResult per Op, in order. For entries at or below the
+// persisted applied index (replays) it is nil.
+type ApplyResult struct {
+	Index uint64
+	Ops   []OpResult
+}
+
+// Sentinel errors shared by every layer (server maps them to gRPC codes).
+var (
+	ErrNamespaceNotFound = errors.New("namespace not found")
+	ErrNamespaceExists   = errors.New("namespace already exists")
+	ErrInvalidArgument   = errors.New("invalid argument")
+	ErrNodeNotFound      = errors.New("node not found")
+)
+
+// ApplyErr is returned by FSM.Apply when a log entry cannot be decoded; the
+// entry is skipped on every replica alike.
+type ApplyErr struct{ Err error }
+
+func (e *ApplyErr) Error() string { return "apply: " + e.Err.Error() }
+func (e *ApplyErr) Unwrap() error { return e.Err }

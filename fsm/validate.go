@@ -1,0 +1,173 @@
+package fsm
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+)
+
+// Limits for Validate.
+type Limits struct {
+	// MaxBatch is the most items one op may carry (default 10 000).
+	MaxBatch int
+}
+
+// DefaultMaxBatch is the default Limits.MaxBatch.
+const DefaultMaxBatch = 10_000
+
+// InvalidError names the offending field of a rejected request. It wraps
+// ErrInvalidArgument.
+type InvalidError struct {
+	Field  string // e.g. "items[3].id"
+	Reason string
+}
+
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Reason }
+func (e *InvalidError) Unwrap() error { return ErrInvalidArgument }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidateNamespaceName checks a namespace name: 1..128 characters of
+// [A-Za-z0-9._-], starting with a letter or digit.
+func ValidateNamespaceName(name string) error {
+	if !nameRE.MatchString(name) {
+		return invalid("namespace", "%q is not a valid namespace name (1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit)", name)
+	}
+	return nil
+}
+
+// Validate checks a client op against its namespace and limits before it is
+// proposed. It returns an *InvalidError naming the first offending field, so
+// nothing of an invalid request reaches the log. Namespace ops are checked
+// with ValidateNamespaceConfig instead.
+func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
+	if lim.MaxBatch <= 0 {
+		lim.MaxBatch = DefaultMaxBatch
+	}
+	switch op.Kind {
+	case OpMark, OpClaim, OpCommit, OpRenew, OpRelease, OpForget:
+	default:
+		return invalid("kind", "op %s is not a client data operation", op.Kind)
+	}
+	if len(op.Items) == 0 {
+		return invalid("items", "at least one item is required")
+	}
+	if len(op.Items) > lim.MaxBatch {
+		return invalid("items", "%d items exceed the maximum batch of %d", len(op.Items), lim.MaxBatch)
+	}
+	switch op.Kind {
+	case OpMark, OpCommit:
+		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
+			return invalid("ttl_ms", "%d ms is outside 0 (namespace default) .. %d ms (max TTL of namespace %q)", op.DurationMs, ns.MaxTTLMs, ns.Name)
+		}
+	case OpClaim, OpRenew:
+		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
+			return invalid("lease_ms", "%d ms is outside 0 (namespace default) .. %d ms (max TTL of namespace %q)", op.DurationMs, ns.MaxTTLMs, ns.Name)
+		}
+	default:
+		if op.DurationMs != 0 {
+			return invalid("duration", "must be 0 for %s", op.Kind)
+		}
+	}
+	for i := range op.Items {
+		it := &op.Items[i]
+		if len(it.ID) == 0 {
+			return invalid(fmt.Sprintf("items[%d].id", i), "empty message ID")
+		}
+		if len(it.ID) > ns.MaxIDBytes {
+			return invalid(fmt.Sprintf("items[%d].id", i), "%d bytes exceed the namespace %q limit of %d", len(it.ID), ns.Name, ns.MaxIDBytes)
+		}
+		if len(it.Digest) > MaxDigestBytes {
+			return invalid(fmt.Sprintf("items[%d].digest", i), "%d bytes exceed %d", len(it.Digest), MaxDigestBytes)
+		}
+		if len(it.Token) > MaxTokenBytes {
+			return invalid(fmt.Sprintf("items[%d].request_token", i), "%d bytes exceed %d", len(it.Token), MaxTokenBytes)
+		}
+		switch op.Kind {
+		case OpCommit, OpRenew, OpRelease:
+			if it.Fence == 0 {
+				return invalid(fmt.Sprintf("items[%d].fencing_token", i), "required (the token Claim returned)")
+			}
+		}
+	}
+	return nil
+}
+
+// ValidateNamespaceConfig checks a full namespace config (after defaults are
+// filled in).
+func ValidateNamespaceConfig(ns *NamespaceConfig) error {
+	if err := ValidateNamespaceName(ns.Name); err != nil {
+		return err
+	}
+	if ns.MaxTTLMs < 1 || ns.MaxTTLMs > MaxTTLLimitMs {
+		return invalid("max_ttl_ms", "%d ms is outside 1 .. %d ms (366 days)", ns.MaxTTLMs, MaxTTLLimitMs)
+	}
+	if ns.DefaultTTLMs < 1 || ns.DefaultTTLMs > ns.MaxTTLMs {
+		return invalid("default_ttl_ms", "%d ms is outside 1 .. max_ttl_ms (%d ms)", ns.DefaultTTLMs, ns.MaxTTLMs)
+	}
+	if ns.DefaultLeaseMs < 1 || ns.DefaultLeaseMs > ns.MaxTTLMs {
+		return invalid("default_lease_ms", "%d ms is outside 1 .. max_ttl_ms (%d ms)", ns.DefaultLeaseMs, ns.MaxTTLMs)
+	}
+	if ns.MaxIDBytes < 1 || ns.MaxIDBytes > MaxIDBytesLimit {
+		return invalid("max_id_bytes", "%d is outside 1 .. %d", ns.MaxIDBytes, MaxIDBytesLimit)
+	}
+	if ns.Mode != ExpiryFixed && ns.Mode != ExpirySliding {
+		return invalid("expiry_mode", "%d is neither fixed (1) nor sliding (2)", ns.Mode)
+	}
+	if ns.BucketWidthMs < 1 || ns.BucketWidthMs > maxBucketWidthMs {
+		return invalid("bucket_width_ms", "%d ms is outside 1 .. %d ms", ns.BucketWidthMs, maxBucketWidthMs)
+	}
+	return nil
+}
+
+// FillNamespaceDefaults returns ns with zero fields taken from the default
+// namespace settings and a bucket width derived from the max TTL.
+func FillNamespaceDefaults(ns NamespaceConfig) NamespaceConfig {
+	d := DefaultNamespaceConfig(ns.Name)
+	if ns.MaxTTLMs == 0 {
+		ns.MaxTTLMs = max(d.MaxTTLMs, ns.DefaultTTLMs)
+	}
+	if ns.DefaultTTLMs == 0 {
+		ns.DefaultTTLMs = min(d.DefaultTTLMs, ns.MaxTTLMs)
+	}
+	if ns.MaxIDBytes == 0 {
+		ns.MaxIDBytes = d.MaxIDBytes
+	}
+	if ns.Mode == 0 {
+		ns.Mode = d.Mode
+	}
+	if ns.DefaultLeaseMs == 0 {
+		ns.DefaultLeaseMs = min(d.DefaultLeaseMs, ns.MaxTTLMs)
+	}
+	if ns.BucketWidthMs == 0 {
+		ns.BucketWidthMs = BucketWidthFor(ns.MaxTTLMs)
+	}
+	return ns
+}
+
+// MergeNamespaceUpdate applies the non-zero fields of upd to cur. The
+// namespace ID and bucket width never change.
+func MergeNamespaceUpdate(cur, upd NamespaceConfig) NamespaceConfig {
+	if upd.DefaultTTLMs != 0 {
+		cur.DefaultTTLMs = upd.DefaultTTLMs
+	}
+	if upd.MaxTTLMs != 0 {
+		cur.MaxTTLMs = upd.MaxTTLMs
+	}
+	if upd.MaxIDBytes != 0 {
+		cur.MaxIDBytes = upd.MaxIDBytes
+	}
+	if upd.Mode != 0 {
+		cur.Mode = upd.Mode
+	}
+	if upd.DefaultLeaseMs != 0 {
+		cur.DefaultLeaseMs = upd.DefaultLeaseMs
+	}
+	return cur
+}
+
+func equalDigest(a, b []byte) bool { return len(a) == 0 || len(b) == 0 || bytes.Equal(a, b) }

@@ -1,0 +1,226 @@
+// Package storage owns dedupnode's on-disk state machine database: a Pebble
+// instance tuned for the dedup workload, and the key layout that lets a whole
+// expiry bucket be reclaimed with one range deletion.
+//
+// Key layout (all integers big-endian so keys sort numerically):
+//
+//	'r' nsID(4) bucket(8) id...   record of one message ID
+//	'b' nsID(4) bucket(8)         bucket registry: value = record count (uvarint)
+//	'n' name...                   namespace config
+//	'p' nodeID...                 node's client (gRPC) address
+//	'm' name...                   FSM metadata (applied index, last timestamp, ...)
+//
+// A record lives under the bucket of its expiry (expiresMs / bucketWidthMs),
+// so every key of a fully expired bucket is contiguous: DeleteRange over
+// ['r' ns b, 'r' ns b+1) drops them all at O(1) write cost and compaction
+// returns the space (see DESIGN.md).
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/sstable"
+)
+
+// Key prefixes.
+const (
+	PrefixRecord    = 'r'
+	PrefixBucket    = 'b'
+	PrefixNamespace = 'n'
+	PrefixNode      = 'p'
+	PrefixMeta      = 'm'
+)
+
+// RecordKeyPrefixLen is the length of 'r' nsID bucket, before the ID.
+const RecordKeyPrefixLen = 1 + 4 + 8
+
+// AppendRecordKey appends the key of id in (nsID, bucket) to dst.
+func AppendRecordKey(dst []byte, nsID uint32, bucket uint64, id []byte) []byte {
+	dst = append(dst, PrefixRecord)
+	dst = binary.BigEndian.AppendUint32(dst, nsID)
+	dst = binary.BigEndian.AppendUint64(dst, bucket)
+	return append(dst, id...)
+}
+
+// BucketRange returns the [start, end) key range holding every record of
+// (nsID, bucket).
+func BucketRange(nsID uint32, bucket uint64) (start, end []byte) {
+	start = AppendRecordKey(nil, nsID, bucket, nil)
+	end = AppendRecordKey(nil, nsID, bucket+1, nil)
+	if bucket == ^uint64(0) {
+		end = NamespaceRecordsEnd(nsID)
+	}
+	return start, end
+}
+
+// NamespaceRecordsRange returns the [start, end) key range of every record
+// of nsID, across all buckets.
+func NamespaceRecordsRange(nsID uint32) (start, end []byte) {
+	start = append([]byte{PrefixRecord}, binary.BigEndian.AppendUint32(nil, nsID)...)
+	return start, NamespaceRecordsEnd(nsID)
+}
+
+// NamespaceRecordsEnd is the first key after all records of nsID.
+func NamespaceRecordsEnd(nsID uint32) []byte {
+	if nsID == ^uint32(0) {
+		return []byte{PrefixRecord + 1}
+	}
+	return append([]byte{PrefixRecord}, binary.BigEndian.AppendUint32(nil, nsID+1)...)
+}
+
+// ParseRecordKey splits a record key. ok is false for keys of other kinds or
+// malformed keys.
+func ParseRecordKey(key []byte) (nsID uint32, bucket uint64, id []byte, ok bool) {
+	if len(key) <= RecordKeyPrefixLen || key[0] != PrefixRecord {
+		return 0, 0, nil, false
+	}
+	return binary.BigEndian.Uint32(key[1:5]), binary.BigEndian.Uint64(key[5:13]), key[RecordKeyPrefixLen:], true
+}
+
+// BucketKey is the registry key of (nsID, bucket).
+func BucketKey(nsID uint32, bucket uint64) []byte {
+	k := make([]byte, 0, 13)
+	k = append(k, PrefixBucket)
+	k = binary.BigEndian.AppendUint32(k, nsID)
+	return binary.BigEndian.AppendUint64(k, bucket)
+}
+
+// ParseBucketKey is the inverse of BucketKey.
+func ParseBucketKey(key []byte) (nsID uint32, bucket uint64, ok bool) {
+	if len(key) != 13 || key[0] != PrefixBucket {
+		return 0, 0, false
+	}
+	return binary.BigEndian.Uint32(key[1:5]), binary.BigEndian.Uint64(key[5:13]), true
+}
+
+// NamespaceKey is the key of a namespace config.
+func NamespaceKey(name string) []byte { return append([]byte{PrefixNamespace}, name...) }
+
+// NodeKey is the key of a node's client address.
+func NodeKey(id string) []byte { return append([]byte{PrefixNode}, id...) }
+
+// MetaKey is the key of an FSM metadata value.
+func MetaKey(name string) []byte { return append([]byte{PrefixMeta}, name...) }
+
+// PrefixEnd returns the first key after every key starting with prefix.
+func PrefixEnd(prefix []byte) []byte {
+	end := append([]byte(nil), prefix...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+// Options tune the Pebble instance. Zero values take the defaults.
+type Options struct {
+	// CacheBytes is Pebble's block cache size (default 64 MiB).
+	CacheBytes int64
+	// MemTableBytes is the memtable size (default 32 MiB).
+	MemTableBytes uint64
+	// Logger receives Pebble's errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// DB is the Pebble database of one FSM.
+type DB struct {
+	*pebble.DB
+	cache *pebble.Cache
+}
+
+// Open opens (creating if needed) the database in dir.
+//
+// Options chosen for the workload (see DESIGN.md): the newest on-disk
+// format; 10-bit sstable Bloom filters so a Get of a missing key skips
+// files; no compression, since random message IDs do not compress; a
+// larger memtable and cache than Pebble's defaults to avoid write stalls.
+// Pebble's WAL stays on but unsynced: the Raft log is the durable record,
+// and the FSM syncs explicitly before every snapshot (see fsm/DESIGN.md).
+func Open(dir string, o Options) (*DB, error) {
+	if o.CacheBytes <= 0 {
+		o.CacheBytes = 64 << 20
+	}
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = 32 << 20
+	}
+	cache := pebble.NewCache(o.CacheBytes)
+	opts := &pebble.Options{
+		Cache:                      cache,
+		MemTableSize:               o.MemTableBytes,
+		FormatMajorVersion:         pebble.FormatNewest,
+		Logger:                     logger{o.Logger},
+		L0CompactionThreshold:      4,
+		L0StopWritesThreshold:      64,
+		LBaseMaxBytes:              64 << 20,
+		CompactionConcurrencyRange: func() (int, int) { return 1, 1 },
+	}
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		opts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
+	}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		cache.Unref()
+		return nil, fmt.Errorf("open pebble at %s: %w", dir, err)
+	}
+	return &DB{DB: db, cache: cache}, nil
+}
+
+// Close closes the database and releases the cache.
+func (d *DB) Close() error {
+	err := d.DB.Close()
+	d.cache.Unref()
+	return err
+}
+
+// GetCopy returns a copy of the value at key, or found=false.
+func GetCopy(r pebble.Reader, key []byte) (val []byte, found bool, err error) {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	val = append([]byte(nil), v...)
+	return val, true, closer.Close()
+}
+
+// GetInto appends the value at key to dst, returning found=false if absent.
+func GetInto(r pebble.Reader, key, dst []byte) ([]byte, bool, error) {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return dst, false, nil
+	}
+	if err != nil {
+		return dst, false, err
+	}
+	dst = append(dst, v...)
+	return dst, true, closer.Close()
+}
+
+type logger struct{ l *slog.Logger }
+
+func (l logger) Infof(string, ...any) {}
+func (l logger) Errorf(format string, args ...any) {
+	if l.l != nil {
+		l.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+func (l logger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if l.l != nil {
+		l.l.Error(msg, "component", "pebble", "fatal", true)
+	}
+	panic("pebble: " + msg)
+}
+
+var _ io.Closer = (*DB)(nil)
