@@ -1,0 +1,419 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// Apply applies one Raft log entry (raft.FSM). See ApplyBatch.
+func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies entries in one Pebble batch (raft.BatchingFSM) and
+// returns one response per entry: *ApplyResult for a command, *ApplyErr for
+// an entry that fails to decode (skipped alike on every replica), nil for
+// non-command entries and for replays (index at or below the persisted
+// applied index, which is written in the same batch as the data).
+//
+// A storage failure panics: a replica that cannot apply must stop rather
+// than diverge.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]any, len(logs))
+	if f.closed {
+		panic("fsm: apply after Close")
+	}
+	a := applier{f: f, b: f.db.NewBatch(), ov: make(map[string]ovEntry), dirty: make(map[bloom.Key]struct{})}
+	defer a.b.Close()
+	advanced := false
+	for i, l := range logs {
+		if l.Index <= f.st.applied {
+			continue
+		}
+		if l.Type == raft.LogCommand {
+			cmd, err := DecodeCommand(l.Data)
+			if err != nil {
+				out[i] = &ApplyErr{Err: fmt.Errorf("entry %d: %w", l.Index, err)}
+			} else {
+				out[i] = a.command(l.Index, &cmd)
+			}
+		}
+		f.st.applied, f.st.appliedTerm = l.Index, l.Term
+		advanced = true
+	}
+	if !advanced {
+		return out
+	}
+	a.flushCounts()
+	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
+	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
+	must(a.b.Commit(pebble.NoSync))
+	if len(a.dropped) > 0 {
+		f.bg.compact(a.dropped)
+	}
+	close(f.notify)
+	f.notify = make(chan struct{})
+	return out
+}
+
+func must(err error) {
+	if err != nil {
+		panic(fmt.Sprintf("fsm: storage write failed, stopping rather than diverging: %v", err))
+	}
+}
+
+// applier holds the working state of one ApplyBatch.
+type applier struct {
+	f *FSM
+	b *pebble.Batch
+	// ov overlays records written in this batch (not yet visible in the
+	// database), keyed by HashKey(nsID, id).
+	ov      map[string]ovEntry
+	dirty   map[bloom.Key]struct{}
+	dropped []keyRange
+	now     int64
+	index   uint64
+	hbuf    []byte
+	kbuf    []byte
+	vbuf    []byte
+}
+
+type ovEntry struct {
+	rec     Record
+	bucket  uint64
+	present bool
+}
+
+func (a *applier) command(index uint64, cmd *Command) *ApplyResult {
+	st := &a.f.st
+	now := max(cmd.TimestampMs, st.lastTs, 0)
+	st.lastTs = now
+	a.now, a.index = now, index
+	a.dropExpired()
+	res := &ApplyResult{Index: index, Ops: make([]OpResult, len(cmd.Ops))}
+	for i := range cmd.Ops {
+		res.Ops[i] = a.op(&cmd.Ops[i])
+	}
+	return res
+}
+
+func (a *applier) op(op *Op) OpResult {
+	st := &a.f.st
+	switch op.Kind {
+	case OpTick:
+		return OpResult{}
+	case OpCreateNamespace:
+		return a.createNamespace(op.Config)
+	case OpUpdateNamespace:
+		return a.updateNamespace(op.Config)
+	case OpDeleteNamespace:
+		return a.deleteNamespace(op.Namespace)
+	case OpSetNode:
+		if op.Node.ID == "" {
+			return OpResult{Err: invalid("node.id", "empty")}
+		}
+		st.nodes[op.Node.ID] = op.Node.GRPCAddr
+		must(a.b.Set(storage.NodeKey(op.Node.ID), []byte(op.Node.GRPCAddr), nil))
+		return OpResult{}
+	case OpRemoveNode:
+		if _, ok := st.nodes[op.Node.ID]; !ok {
+			return OpResult{Err: fmt.Errorf("%w: %q", ErrNodeNotFound, op.Node.ID)}
+		}
+		delete(st.nodes, op.Node.ID)
+		must(a.b.Delete(storage.NodeKey(op.Node.ID), nil))
+		return OpResult{}
+	}
+	name := op.Namespace
+	if name == "" {
+		name = DefaultNamespace
+	}
+	ns := st.namespaces[name]
+	if ns == nil {
+		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, name)}
+	}
+	// Re-validate against the namespace as of this entry: its limits may
+	// have changed since the edge checked. Deterministic, and an invalid op
+	// applies nothing.
+	if err := Validate(op, ns, Limits{MaxBatch: 1 << 30}); err != nil {
+		return OpResult{Err: err}
+	}
+	res := OpResult{Items: make([]ItemResult, len(op.Items))}
+	for i := range op.Items {
+		res.Items[i] = a.item(op, ns, &op.Items[i])
+	}
+	return res
+}
+
+func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
+	a.hbuf = bloom.HashKey(a.hbuf[:0], ns.ID, it.ID)
+	rec, bucket, found := a.lookup(ns, it.ID, a.hbuf)
+	live := found && rec.live(a.now)
+	now := a.now
+	switch op.Kind {
+	case OpMark:
+		ttl := op.DurationMs
+		if ttl == 0 {
+			ttl = ns.DefaultTTLMs
+		}
+		if !live {
+			nr := Record{State: StateCommitted, FirstSeenMs: now, ExpiresMs: now + ttl, Token: it.Token, Digest: it.Digest, Fence: rec.Fence}
+			a.write(ns, it.ID, found, bucket, &nr)
+			return ItemResult{Code: CodeNew, Record: nr}
+		}
+		if rec.State == StateCommitted && len(it.Token) > 0 && string(it.Token) == string(rec.Token) {
+			return ItemResult{Code: CodeNew, Record: rec} // a retry of the winning call
+		}
+		if !equalDigest(rec.Digest, it.Digest) {
+			return ItemResult{Code: CodeConflict, Record: rec}
+		}
+		if ns.Mode == ExpirySliding && rec.State == StateCommitted && now+ttl > rec.ExpiresMs {
+			rec.ExpiresMs = now + ttl
+			a.write(ns, it.ID, true, bucket, &rec)
+		}
+		return ItemResult{Code: CodeDuplicate, Record: rec}
+	case OpClaim:
+		lease := op.DurationMs
+		if lease == 0 {
+			lease = ns.DefaultLeaseMs
+		}
+		if !live {
+			nr := Record{State: StateLeased, FirstSeenMs: now, ExpiresMs: now + lease, Token: it.Token, Digest: it.Digest, Fence: a.index}
+			a.write(ns, it.ID, found, bucket, &nr)
+			return ItemResult{Code: CodeAcquired, Record: nr}
+		}
+		if rec.State == StateLeased {
+			if len(it.Token) > 0 && string(it.Token) == string(rec.Token) {
+				return ItemResult{Code: CodeAcquired, Record: rec} // a retry of the winning call
+			}
+			return ItemResult{Code: CodeInProgress, Record: rec}
+		}
+		if !equalDigest(rec.Digest, it.Digest) {
+			return ItemResult{Code: CodeConflict, Record: rec}
+		}
+		return ItemResult{Code: CodeDuplicate, Record: rec}
+	case OpCommit:
+		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
+			return lost(rec, live)
+		}
+		switch rec.State {
+		case StateLeased:
+			ttl := op.DurationMs
+			if ttl == 0 {
+				ttl = ns.DefaultTTLMs
+			}
+			rec.State, rec.ExpiresMs = StateCommitted, now+ttl
+			a.write(ns, it.ID, true, bucket, &rec)
+			return ItemResult{Code: CodeOK, Record: rec}
+		case StateCommitted:
+			return ItemResult{Code: CodeOK, Record: rec} // a retried commit
+		}
+		return lost(rec, live)
+	case OpRenew:
+		if !live || rec.State != StateLeased || rec.Fence != it.Fence {
+			return lost(rec, live)
+		}
+		lease := op.DurationMs
+		if lease == 0 {
+			lease = ns.DefaultLeaseMs
+		}
+		rec.ExpiresMs = now + lease
+		a.write(ns, it.ID, true, bucket, &rec)
+		return ItemResult{Code: CodeOK, Record: rec}
+	case OpRelease:
+		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
+			return lost(rec, live)
+		}
+		switch rec.State {
+		case StateLeased:
+			rec.State = StateReleased
+			a.write(ns, it.ID, true, bucket, &rec)
+			return ItemResult{Code: CodeOK}
+		case StateReleased:
+			return ItemResult{Code: CodeOK} // a retried release
+		}
+		return lost(rec, live)
+	case OpForget:
+		if found {
+			a.remove(ns, it.ID, bucket)
+		}
+		return ItemResult{Code: CodeOK}
+	}
+	panic("unreachable: op kind checked by Validate")
+}
+
+func lost(rec Record, live bool) ItemResult {
+	if !live {
+		return ItemResult{Code: CodeLeaseLost}
+	}
+	return ItemResult{Code: CodeLeaseLost, Record: rec}
+}
+
+// lookup finds the stored record of id in ns, if any (live or not): first
+// in this batch's overlay, then in each live bucket of the namespace whose
+// filter says "maybe" (all of them while the filters are rebuilding).
+func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, bool) {
+	if e, ok := a.ov[string(hkey)]; ok {
+		return e.rec, e.bucket, e.present
+	}
+	rec, bucket, found, err := a.f.lookupStored(ns, id, hkey, &a.kbuf, &a.vbuf)
+	must(err)
+	if found {
+		rec = rec.clone()
+	}
+	return rec, bucket, found
+}
+
+// write stores rec for id, moving it out of oldBucket if it lived there.
+func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint64, rec *Record) {
+	nb := uint64(rec.ExpiresMs / ns.BucketWidthMs)
+	if had && oldBucket != nb {
+		a.deleteKey(ns, id, oldBucket)
+	}
+	if !had || oldBucket != nb {
+		a.addToBucket(ns.ID, nb)
+		a.f.filters.Add(bloom.Key{Namespace: ns.ID, Bucket: nb}, bloom.HashKey(nil, ns.ID, id))
+	}
+	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, nb, id)
+	a.vbuf = appendRecord(a.vbuf[:0], rec)
+	must(a.b.Set(a.kbuf, a.vbuf, nil))
+	a.ov[string(bloom.HashKey(nil, ns.ID, id))] = ovEntry{rec: rec.clone(), bucket: nb, present: true}
+}
+
+func (a *applier) remove(ns *NamespaceConfig, id []byte, bucket uint64) {
+	a.deleteKey(ns, id, bucket)
+	a.ov[string(bloom.HashKey(nil, ns.ID, id))] = ovEntry{}
+}
+
+func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {
+	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, bucket, id)
+	must(a.b.Delete(a.kbuf, nil))
+	k := bloom.Key{Namespace: ns.ID, Bucket: bucket}
+	if n, ok := a.f.st.counts[k]; ok && n > 0 {
+		a.f.st.counts[k] = n - 1
+		a.dirty[k] = struct{}{}
+	}
+}
+
+func (a *applier) addToBucket(nsID uint32, bucket uint64) {
+	st := &a.f.st
+	k := bloom.Key{Namespace: nsID, Bucket: bucket}
+	if _, ok := st.counts[k]; !ok {
+		bs := st.buckets[nsID]
+		i, _ := slices.BinarySearch(bs, bucket)
+		st.buckets[nsID] = slices.Insert(bs, i, bucket)
+	}
+	st.counts[k]++
+	a.dirty[k] = struct{}{}
+}
+
+// flushCounts writes the registry entries of buckets touched in this batch.
+func (a *applier) flushCounts() {
+	for k := range a.dirty {
+		n, ok := a.f.st.counts[k]
+		if !ok {
+			continue // dropped in this batch
+		}
+		must(a.b.Set(storage.BucketKey(k.Namespace, k.Bucket), encodeUvarint(n), nil))
+	}
+}
+
+// dropExpired deletes every bucket whose whole time span has passed: one
+// range deletion each, O(buckets) regardless of how many IDs they hold.
+func (a *applier) dropExpired() {
+	st := &a.f.st
+	for nsID, bs := range st.buckets {
+		ns := st.nsByID[nsID]
+		n := 0
+		for n < len(bs) && int64(bs[n]+1)*ns.BucketWidthMs <= a.now {
+			a.dropBucket(nsID, bs[n])
+			n++
+		}
+		if n > 0 {
+			st.buckets[nsID] = slices.Delete(bs, 0, n)
+			if len(st.buckets[nsID]) == 0 {
+				delete(st.buckets, nsID)
+			}
+		}
+	}
+}
+
+func (a *applier) dropBucket(nsID uint32, bucket uint64) {
+	start, end := storage.BucketRange(nsID, bucket)
+	must(a.b.DeleteRange(start, end, nil))
+	must(a.b.Delete(storage.BucketKey(nsID, bucket), nil))
+	k := bloom.Key{Namespace: nsID, Bucket: bucket}
+	delete(a.f.st.counts, k)
+	delete(a.dirty, k)
+	a.f.filters.Drop(k)
+	a.dropped = append(a.dropped, keyRange{start, end})
+}
+
+func (a *applier) createNamespace(cfg NamespaceConfig) OpResult {
+	st := &a.f.st
+	if err := ValidateNamespaceConfig(&cfg); err != nil {
+		return OpResult{Err: err}
+	}
+	if cur := st.namespaces[cfg.Name]; cur != nil {
+		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceExists, cfg.Name), Namespace: *cur}
+	}
+	cfg.ID = st.nsSeq
+	st.nsSeq++
+	a.putNamespace(&cfg)
+	must(a.b.Set(storage.MetaKey(metaNsSeq), encodeUvarint(uint64(st.nsSeq)), nil))
+	return OpResult{Namespace: cfg}
+}
+
+func (a *applier) updateNamespace(upd NamespaceConfig) OpResult {
+	cur := a.f.st.namespaces[upd.Name]
+	if cur == nil {
+		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, upd.Name)}
+	}
+	merged := MergeNamespaceUpdate(*cur, upd)
+	if err := ValidateNamespaceConfig(&merged); err != nil {
+		return OpResult{Err: err}
+	}
+	a.putNamespace(&merged)
+	return OpResult{Namespace: merged}
+}
+
+func (a *applier) putNamespace(ns *NamespaceConfig) {
+	st := &a.f.st
+	c := *ns
+	st.namespaces[c.Name] = &c
+	st.nsByID[c.ID] = &c
+	must(a.b.Set(storage.NamespaceKey(c.Name), encodeNamespace(&c), nil))
+}
+
+func (a *applier) deleteNamespace(name string) OpResult {
+	st := &a.f.st
+	if name == DefaultNamespace || name == "" {
+		return OpResult{Err: invalid("name", "the default namespace cannot be deleted")}
+	}
+	ns := st.namespaces[name]
+	if ns == nil {
+		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, name)}
+	}
+	start, end := storage.NamespaceRecordsRange(ns.ID)
+	must(a.b.DeleteRange(start, end, nil))
+	for _, b := range st.buckets[ns.ID] {
+		must(a.b.Delete(storage.BucketKey(ns.ID, b), nil))
+		k := bloom.Key{Namespace: ns.ID, Bucket: b}
+		delete(st.counts, k)
+		delete(a.dirty, k)
+	}
+	delete(st.buckets, ns.ID)
+	a.f.filters.DropNamespace(ns.ID)
+	// Overlay entries of the namespace are unreachable: a namespace created
+	// later gets a new ID.
+	must(a.b.Delete(storage.NamespaceKey(name), nil))
+	delete(st.namespaces, name)
+	delete(st.nsByID, ns.ID)
+	a.dropped = append(a.dropped, keyRange{start, end})
+	return OpResult{Namespace: *ns}
+}

@@ -1,0 +1,110 @@
+package fsm
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// background runs the work tied to one open database: the Bloom filter
+// rebuild at open/restore, and compactions of dropped bucket ranges so range
+// deletions turn into free disk space.
+type background struct {
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	compactCh chan []keyRange
+	once      sync.Once
+}
+
+// startBackground starts rebuilding the filters from a snapshot of the
+// database and the compactor. REQUIRES: f.mu held or exclusive access, and
+// f.db open.
+func startBackground(f *FSM) *background {
+	ctx, cancel := context.WithCancel(context.Background())
+	bg := &background{cancel: cancel, compactCh: make(chan []keyRange, 64)}
+	// Reset and snapshot together, under the caller's exclusion: entries
+	// applied after this point add to the new filters themselves.
+	f.filters.Reset()
+	snap := f.db.NewSnapshot()
+	bg.wg.Add(2)
+	go func() {
+		defer bg.wg.Done()
+		defer snap.Close()
+		if err := f.rebuildFilters(ctx, snap); err != nil {
+			if ctx.Err() == nil {
+				f.log.Error("bloom rebuild failed; reads keep going to storage", "err", err)
+			}
+			return
+		}
+		f.filters.SetReady(true)
+	}()
+	go func() {
+		defer bg.wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case rs := <-bg.compactCh:
+				for _, r := range rs {
+					f.mu.RLock()
+					db := f.db
+					f.mu.RUnlock()
+					if err := db.Compact(ctx, r.start, r.end, false); err != nil && ctx.Err() == nil {
+						f.log.Warn("compaction of dropped range failed", "err", err)
+					}
+				}
+			}
+		}
+	}()
+	return bg
+}
+
+// compact queues ranges for compaction without blocking apply; if the queue
+// is full the ranges are left to Pebble's automatic compactions.
+func (bg *background) compact(rs []keyRange) {
+	select {
+	case bg.compactCh <- rs:
+	default:
+	}
+}
+
+func (bg *background) stop() {
+	bg.once.Do(func() {
+		bg.cancel()
+		bg.wg.Wait()
+	})
+}
+
+// rebuildFilters adds every record in snap to the filters, in chunks that
+// take f.mu shared (lock order: f.mu, then the filters' own lock).
+func (f *FSM) rebuildFilters(ctx context.Context, snap *pebble.Snapshot) error {
+	lower := []byte{storage.PrefixRecord}
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: storage.PrefixEnd(lower)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	var hkey []byte
+	live := func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
+	it.First()
+	for it.Valid() {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f.mu.RLock()
+		for i := 0; i < 4096 && it.Valid(); i++ {
+			nsID, b, id, ok := storage.ParseRecordKey(it.Key())
+			if ok {
+				hkey = bloom.HashKey(hkey[:0], nsID, id)
+				f.filters.AddIfLive(bloom.Key{Namespace: nsID, Bucket: b}, hkey, live)
+			}
+			it.Next()
+		}
+		f.mu.RUnlock()
+	}
+	return it.Error()
+}

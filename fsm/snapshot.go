@@ -1,0 +1,291 @@
+package fsm
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// Snapshot stream format:
+//
+//	magic "DDNSNAP1" | applied index (8, BE) | applied term (8, BE)
+//	entry*: uvarint key length (>0) | key | uvarint value length | value
+//	uvarint 0 (end of entries)
+//	entry count (8, BE) | SHA-256 of every preceding byte (32)
+const snapshotMagic = "DDNSNAP1"
+
+// ErrBadSnapshot is returned by Restore for a stream that is truncated, has
+// a wrong checksum or is otherwise malformed. The FSM is left untouched.
+var ErrBadSnapshot = errors.New("bad snapshot")
+
+// Snapshot returns a consistent point-in-time view (raft.FSM). Called on the
+// FSM goroutine between applies; Persist then streams it from another
+// goroutine while applies continue. Before returning, it syncs Pebble's WAL,
+// so every entry up to the snapshot index is durable in Pebble: the Raft log
+// may then be truncated up to that index (see DESIGN.md).
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.LogData(nil, pebble.Sync); err != nil {
+		return nil, fmt.Errorf("sync before snapshot: %w", err)
+	}
+	f.persistWG.Add(1)
+	return &snapshot{f: f, snap: f.db.NewSnapshot(), index: f.st.applied, term: f.st.appliedTerm}, nil
+}
+
+type snapshot struct {
+	f           *FSM
+	snap        *pebble.Snapshot
+	index, term uint64
+	released    bool
+}
+
+// Persist streams the snapshot into sink (raft.FSMSnapshot).
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.writeStream(sink); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot at index %d: %w", s.index, err)
+	}
+	return sink.Close()
+}
+
+// writeStream writes the stream format to w.
+func (s *snapshot) writeStream(w io.Writer) error {
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(w, h), 1<<20)
+	var hdr [24]byte
+	copy(hdr[:8], snapshotMagic)
+	binary.BigEndian.PutUint64(hdr[8:], s.index)
+	binary.BigEndian.PutUint64(hdr[16:], s.term)
+	bw.Write(hdr[:])
+	var n uint64
+	var lb [binary.MaxVarintLen64]byte
+	err := scanPrefix(s.snap, nil, func(k, v []byte) error {
+		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
+		bw.Write(k)
+		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])
+		_, err := bw.Write(v)
+		n++
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	bw.WriteByte(0)
+	var cnt [8]byte
+	binary.BigEndian.PutUint64(cnt[:], n)
+	bw.Write(cnt[:])
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	_, err = w.Write(h.Sum(nil))
+	return err
+}
+
+// Release frees the Pebble snapshot (raft.FSMSnapshot).
+func (s *snapshot) Release() {
+	if s.released {
+		return
+	}
+	s.released = true
+	s.snap.Close()
+	s.f.persistWG.Done()
+}
+
+// Restore replaces the whole state with a snapshot stream (raft.FSM). The
+// stream is first written to a scratch database and verified (magic,
+// entry count, SHA-256, applied index); only then is the live database
+// swapped for it. On any error the FSM keeps its previous state: a snapshot
+// is installed whole or not at all.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	tmp := filepath.Join(f.cfg.Dir, "db.restore")
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("restore: clear scratch dir: %w", err)
+	}
+	index, err := f.loadSnapshot(rc, tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := f.swapIn(tmp); err != nil {
+		return fmt.Errorf("restore snapshot at index %d: %w", index, err)
+	}
+	f.log.Info("restored snapshot", "index", index)
+	return nil
+}
+
+// hashingReader hashes every byte read through it.
+type hashingReader struct {
+	r *bufio.Reader
+	h hash.Hash
+}
+
+func (r *hashingReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	r.h.Write(p[:n])
+	return n, err
+}
+
+func (r *hashingReader) ReadByte() (byte, error) {
+	b, err := r.r.ReadByte()
+	if err == nil {
+		r.h.Write([]byte{b})
+	}
+	return b, err
+}
+
+func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
+	hr := &hashingReader{r: bufio.NewReaderSize(rc, 1<<20), h: sha256.New()}
+	var hdr [24]byte
+	if _, err := io.ReadFull(hr, hdr[:]); err != nil {
+		return 0, fmt.Errorf("%w: header: %v", ErrBadSnapshot, err)
+	}
+	if string(hdr[:8]) != snapshotMagic {
+		return 0, fmt.Errorf("%w: magic %q", ErrBadSnapshot, hdr[:8])
+	}
+	index := binary.BigEndian.Uint64(hdr[8:])
+	term := binary.BigEndian.Uint64(hdr[16:])
+	db, err := storage.Open(dir, f.storageOptions())
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	b := db.NewBatch()
+	defer func() { b.Close() }()
+	var n uint64
+	var k, v []byte
+	var sawApplied bool
+	for {
+		kl, err := binary.ReadUvarint(hr)
+		if err != nil {
+			return 0, fmt.Errorf("%w: entry %d: %v", ErrBadSnapshot, n, err)
+		}
+		if kl == 0 {
+			break
+		}
+		if kl > 1<<20 {
+			return 0, fmt.Errorf("%w: key length %d", ErrBadSnapshot, kl)
+		}
+		k = grow(k, int(kl))
+		if _, err := io.ReadFull(hr, k); err != nil {
+			return 0, fmt.Errorf("%w: entry %d key: %v", ErrBadSnapshot, n, err)
+		}
+		vl, err := binary.ReadUvarint(hr)
+		if err != nil || vl > 1<<24 {
+			return 0, fmt.Errorf("%w: entry %d value length", ErrBadSnapshot, n)
+		}
+		v = grow(v, int(vl))
+		if _, err := io.ReadFull(hr, v); err != nil {
+			return 0, fmt.Errorf("%w: entry %d value: %v", ErrBadSnapshot, n, err)
+		}
+		if bytes.Equal(k, storage.MetaKey(metaApplied)) {
+			ai, at, err := decodeApplied(v)
+			if err != nil || ai != index || at != term {
+				return 0, fmt.Errorf("%w: applied index in data (%d/%d) differs from header (%d/%d)", ErrBadSnapshot, ai, at, index, term)
+			}
+			sawApplied = true
+		}
+		if err := b.Set(k, v, nil); err != nil {
+			return 0, err
+		}
+		n++
+		if b.Len() > 4<<20 {
+			if err := b.Commit(pebble.NoSync); err != nil {
+				return 0, err
+			}
+			b.Close()
+			b = db.NewBatch()
+		}
+	}
+	var cnt [8]byte
+	if _, err := io.ReadFull(hr, cnt[:]); err != nil {
+		return 0, fmt.Errorf("%w: trailer: %v", ErrBadSnapshot, err)
+	}
+	if got := binary.BigEndian.Uint64(cnt[:]); got != n {
+		return 0, fmt.Errorf("%w: trailer counts %d entries, stream had %d", ErrBadSnapshot, got, n)
+	}
+	want := hr.h.Sum(nil)
+	var sum [32]byte
+	if _, err := io.ReadFull(hr.r, sum[:]); err != nil {
+		return 0, fmt.Errorf("%w: checksum: %v", ErrBadSnapshot, err)
+	}
+	if !bytes.Equal(sum[:], want) {
+		return 0, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
+	}
+	if index > 0 && !sawApplied {
+		return 0, fmt.Errorf("%w: no applied index in data", ErrBadSnapshot)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return 0, err
+	}
+	if err := db.Flush(); err != nil {
+		return 0, err
+	}
+	return index, nil
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+// swapIn replaces the live database directory with dir and reloads state.
+func (f *FSM) swapIn(dir string) error {
+	f.mu.Lock()
+	bg := f.bg
+	f.mu.Unlock()
+	bg.stop()
+	// In-flight snapshot persists read the old database: let them finish.
+	f.persistWG.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("close live db: %w", err)
+	}
+	live := filepath.Join(f.cfg.Dir, dbDirName)
+	old := filepath.Join(f.cfg.Dir, "db.old")
+	if err := os.RemoveAll(old); err != nil {
+		return err
+	}
+	if err := os.Rename(live, old); err != nil {
+		return fmt.Errorf("move live db aside: %w", err)
+	}
+	if err := os.Rename(dir, live); err != nil {
+		return fmt.Errorf("move restored db in: %w", err)
+	}
+	if err := syncDir(f.cfg.Dir); err != nil {
+		return err
+	}
+	os.RemoveAll(old)
+	f.filters.Reset()
+	if err := f.open(); err != nil {
+		return err
+	}
+	close(f.notify)
+	f.notify = make(chan struct{})
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
