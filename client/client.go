@@ -1,0 +1,352 @@
+package client
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("dedupnode client: closed")
+
+// Client talks to a dedupnode cluster. It is safe for concurrent use by
+// many goroutines; create one per process and Close it when done.
+type Client struct {
+	opts options
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	addrs  []string // known node gRPC addresses: seeds first, then learned
+	cursor int      // index into addrs of the node used when no leader is known
+	leader string   // gRPC address of the last known leader; "" if unknown
+	// discovering is non-nil while a leader discovery runs; it is closed
+	// when the discovery ends.
+	discovering chan struct{}
+	closed      bool
+}
+
+// New returns a client for the cluster whose nodes listen on addrs
+// (host:port gRPC addresses; one reachable node is enough, the others are
+// learned from it). It runs one leader discovery bounded by ctx and the
+// attempt timeout, but does not fail when no node answers: calls retry, so a
+// client may be created before the cluster is up. It fails only on invalid
+// arguments.
+func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("dedupnode client: address %q: want host:port: %w", a, err)
+		}
+		if !slices.Contains(c.addrs, a) {
+			c.addrs = append(c.addrs, a)
+		}
+	}
+	if len(c.addrs) == 0 {
+		return nil, errors.New("dedupnode client: no addresses given")
+	}
+	for _, a := range c.addrs {
+		if _, err := c.conn(a); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	c.discover(ctx)
+	return c, nil
+}
+
+// Close closes every connection. Calls in flight fail with Canceled; later
+// calls fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	var errs []error
+	for a, cc := range c.conns {
+		errs = append(errs, cc.Close())
+		delete(c.conns, a)
+	}
+	return errors.Join(errs...)
+}
+
+// Leader returns the gRPC address of the last known leader, "" if unknown.
+func (c *Client) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+// Addrs returns the node addresses the client knows: the ones given to New,
+// then those learned from the cluster's membership.
+func (c *Client) Addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.addrs)
+}
+
+// conn returns the connection to addr, creating it on first use. gRPC
+// reconnects it by itself when the node restarts.
+func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.connLocked(addr)
+}
+
+func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, c.opts.dialOpts...)
+	cc, err := grpc.NewClient(addr, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("dedupnode client: dial %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// learn records the membership seen in a Status answer.
+func (c *Client) learn(st *dedupv1.StatusResponse) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range st.GetMembers() {
+		if a := m.GetGrpcAddr(); a != "" && !slices.Contains(c.addrs, a) {
+			c.addrs = append(c.addrs, a)
+		}
+	}
+	if a := st.GetLeaderGrpcAddr(); a != "" {
+		if !slices.Contains(c.addrs, a) {
+			c.addrs = append(c.addrs, a)
+		}
+		if c.leader != a {
+			c.opts.logger.Debug("dedupnode client: leader", "addr", a, "id", st.GetLeaderId())
+		}
+		c.leader = a
+	}
+}
+
+// discover asks every known node for its Status concurrently and adopts the
+// first leader address reported. Concurrent callers share one discovery.
+// Returns once a leader is known, every node answered or failed, or the
+// attempt timeout or ctx ends.
+func (c *Client) discover(ctx context.Context) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if ch := c.discovering; ch != nil {
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		return
+	}
+	done := make(chan struct{})
+	c.discovering = done
+	addrs := slices.Clone(c.addrs)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.discovering = nil
+		c.mu.Unlock()
+		close(done)
+	}()
+
+	dctx, cancel := c.attemptCtx(ctx)
+	defer cancel()
+	found := make(chan *dedupv1.StatusResponse, len(addrs))
+	for _, a := range addrs {
+		cc, err := c.conn(a)
+		if err != nil {
+			found <- nil
+			continue
+		}
+		go func() {
+			st, err := dedupv1.NewAdminClient(cc).Status(dctx, &dedupv1.StatusRequest{})
+			if err != nil {
+				found <- nil
+				return
+			}
+			found <- st
+		}()
+	}
+	for range addrs {
+		select {
+		case st := <-found:
+			if st == nil {
+				continue
+			}
+			c.learn(st)
+			if st.GetLeaderGrpcAddr() != "" {
+				return
+			}
+		case <-dctx.Done():
+			return
+		}
+	}
+}
+
+// target is where one attempt goes.
+type target int
+
+const (
+	toLeader target = iota // writes and linearizable reads
+	toAny                  // stale reads, status: the current node
+)
+
+// pick returns the address for the next attempt: the leader when known and
+// wanted, else the current node of the rotation.
+func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, error) {
+	if t == toLeader && c.Leader() == "" {
+		c.discover(ctx)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	addr := c.leader
+	if t == toAny || addr == "" {
+		addr = c.addrs[c.cursor%len(c.addrs)]
+	}
+	cc, err := c.connLocked(addr)
+	return addr, cc, err
+}
+
+// failed notes a failed attempt against addr: it is no longer trusted as
+// leader, and the rotation moves on to the next node.
+func (c *Client) failed(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader == addr {
+		c.leader = ""
+	}
+	if c.addrs[c.cursor%len(c.addrs)] == addr {
+		c.cursor++
+	}
+}
+
+func (c *Client) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.opts.timeout > 0 {
+		return context.WithTimeout(ctx, c.opts.timeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// retryable says whether an attempt that failed with err may be tried again
+// while the caller's ctx is live.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted:
+		return true
+	case codes.DeadlineExceeded, codes.Canceled:
+		// The attempt's own timeout, not the caller's (checked above).
+		return true
+	}
+	return false
+}
+
+// IsRetryable reports whether err is one the client itself retries
+// (Unavailable, Aborted, an attempt timeout): seeing it from a call means
+// the attempts or the caller's deadline ran out, and trying again later may
+// succeed. A write that failed so may or may not have been applied; a
+// later Mark with new items answers duplicate for the ones that were.
+func IsRetryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// backoff returns the wait before retry number n (1-based): base·2^(n-1)
+// capped at max, jittered to [d/2, d].
+func (c *Client) backoff(n int) time.Duration {
+	d := c.opts.backoffBase
+	for i := 1; i < n && d < c.opts.backoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, c.opts.backoffMax)
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// invoke runs one logical call: attempts fn against the picked node, retrying
+// retryable failures with backoff until success, maxAttempts, or ctx's end.
+// fn must be safe to repeat (writes carry their request token).
+func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
+	var (
+		lastErr  error
+		lastAddr string
+		attempt  int
+	)
+	for attempt = 1; ; attempt++ {
+		addr, cc, err := c.pick(ctx, t)
+		if err != nil {
+			return err
+		}
+		actx, cancel := c.attemptCtx(ctx)
+		err = fn(actx, cc)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		lastErr, lastAddr = err, addr
+		if !retryable(ctx, err) {
+			break
+		}
+		c.failed(addr)
+		if attempt >= c.opts.maxAttempts {
+			break
+		}
+		wait := c.backoff(attempt)
+		c.opts.logger.Debug("dedupnode client: retry", "op", op, "addr", addr, "attempt", attempt, "wait", wait, "err", err)
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			if status.Code(lastErr) == codes.OK {
+				lastErr = ctx.Err()
+			}
+			return fmt.Errorf("dedupnode %s via %s (attempt %d, then %w): %w", op, lastAddr, attempt, ctx.Err(), lastErr)
+		}
+	}
+	if attempt > 1 {
+		return fmt.Errorf("dedupnode %s via %s (attempt %d): %w", op, lastAddr, attempt, lastErr)
+	}
+	return fmt.Errorf("dedupnode %s via %s: %w", op, lastAddr, lastErr)
+}
+
+// NewRequestToken returns a fresh random 16-byte request token. The client
+// makes one per logical call itself; this is for callers that keep a token
+// across process restarts.
+func NewRequestToken() []byte {
+	b := make([]byte, 16)
+	if _, err := cryptorand.Read(b); err != nil {
+		panic("dedupnode client: crypto/rand: " + err.Error())
+	}
+	return b
+}

@@ -1,0 +1,44 @@
+// Package client is the Go client of dedupnode, a replicated
+// message-deduplication store. The dedupnode CLI is built on it.
+//
+// A consumer of an at-least-once broker asks dedupnode, per message ID,
+// "did I already handle this?":
+//
+//	c, err := client.New(ctx, []string{"127.0.0.1:7070", "127.0.0.1:7071"})
+//	...
+//	res, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("order-456-created")}}, 0)
+//	if res[0].Code == client.CodeDuplicate { /* skip: already handled */ }
+//
+// # Batches and results
+//
+// Every operation takes a batch (at most the server's --max-batch items,
+// 10 000 by default) and returns one [Result] per item, in request order.
+// Invalid input (an empty or too long ID, an unknown namespace, a TTL out
+// of range, an oversized batch) fails the whole call with gRPC code
+// InvalidArgument, NotFound or ResourceExhausted; nothing of it is applied.
+//
+// # Routing, retries and request tokens
+//
+// The client finds the Raft leader through the Status RPC and sends writes
+// (and linearizable reads) to it directly; while no leader is known it sends
+// them to any reachable node, which forwards them. Calls that fail with
+// gRPC Unavailable (election, no quorum, node down, outcome unknown after a
+// leader change), Aborted, or an attempt timeout are retried with
+// exponential backoff and jitter until they succeed, the attempts run out
+// ([WithRetry]) or the caller's context ends.
+//
+// Each logical Mark or Claim call generates ONE random 16-byte request
+// token and sends it on every retry. The server answers a write whose token
+// matches the recorded one with the recorded outcome, so a Mark that reached
+// the leader but whose reply was lost returns NEW again on retry, never
+// DUPLICATE: retrying never makes the winner skip its own message.
+//
+// Errors returned by the client wrap the last gRPC status error, so
+// status.Code(err) gives its code (see google.golang.org/grpc/status).
+//
+// # Times and durations
+//
+// Durations passed to the client are rounded down to milliseconds; 0 means
+// "the namespace default". Times in results are UTC with millisecond
+// precision, as chosen by the Raft leader.
+package client

@@ -1,0 +1,82 @@
+package client
+
+import (
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Defaults used by New.
+const (
+	// DefaultTimeout bounds one RPC attempt.
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxAttempts is how many times a call is tried in all.
+	DefaultMaxAttempts = 10
+	// DefaultBackoffBase is the wait before the first retry; it doubles
+	// after each failed attempt up to DefaultBackoffMax. With the defaults
+	// a call keeps retrying for about 10 s, long enough to ride out a Raft
+	// election.
+	DefaultBackoffBase = 50 * time.Millisecond
+	// DefaultBackoffMax caps the wait between two attempts.
+	DefaultBackoffMax = 2 * time.Second
+)
+
+type options struct {
+	timeout     time.Duration
+	maxAttempts int
+	backoffBase time.Duration
+	backoffMax  time.Duration
+	dialOpts    []grpc.DialOption
+	logger      *slog.Logger
+}
+
+func defaultOptions() options {
+	return options{
+		timeout:     DefaultTimeout,
+		maxAttempts: DefaultMaxAttempts,
+		backoffBase: DefaultBackoffBase,
+		backoffMax:  DefaultBackoffMax,
+		logger:      slog.New(slog.DiscardHandler),
+	}
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+// WithTimeout bounds each RPC attempt (not the whole call: that is bounded
+// by the caller's context and WithRetry). d <= 0 leaves attempts bounded by
+// the caller's context alone. Default DefaultTimeout (10 s). An attempt that
+// times out while the caller's context is still live is retried.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
+}
+
+// WithRetry sets the retry policy: maxAttempts tries in all (1 disables
+// retries; values < 1 mean 1), waiting base before the first retry and
+// doubling up to maxBackoff, each wait jittered to a random value in
+// [wait/2, wait]. Defaults: 10 attempts, 50 ms, 2 s.
+func WithRetry(maxAttempts int, base, maxBackoff time.Duration) Option {
+	return func(o *options) {
+		o.maxAttempts = max(maxAttempts, 1)
+		o.backoffBase = max(base, 0)
+		o.backoffMax = max(maxBackoff, o.backoffBase)
+	}
+}
+
+// WithDialOptions adds gRPC dial options, applied after the client's
+// defaults (plaintext transport credentials), so that for example
+// grpc.WithTransportCredentials(credentials.NewTLS(cfg)) replaces them.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithLogger makes the client log retries and leader changes at DEBUG level.
+// Default: no logging.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	}
+}

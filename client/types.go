@@ -1,0 +1,446 @@
+package client
+
+import (
+	"fmt"
+	"time"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// Code is the outcome for one item of a batch. Its text form (String,
+// MarshalText) is the lower-case name the CLI prints: "new", "duplicate",
+// "conflict", "seen", "not_seen", "acquired", "in_progress", "ok",
+// "lease_lost".
+type Code uint8
+
+const (
+	// CodeUnknown is the zero value; the client never returns it for a
+	// successful call.
+	CodeUnknown Code = iota
+	// CodeNew (Mark): the ID was absent and is recorded now; process it.
+	CodeNew
+	// CodeDuplicate (Mark, Claim): the ID is already recorded (committed);
+	// skip it.
+	CodeDuplicate
+	// CodeConflict (Mark, Claim): the ID is recorded with a different
+	// payload digest: a producer reused an ID, someone must look.
+	CodeConflict
+	// CodeSeen (Check): recorded and not expired (committed or leased).
+	CodeSeen
+	// CodeNotSeen (Check): absent or expired.
+	CodeNotSeen
+	// CodeAcquired (Claim): the lease is yours; Record.FencingToken names it.
+	CodeAcquired
+	// CodeInProgress (Claim): another caller holds a live lease.
+	CodeInProgress
+	// CodeOK (Commit, Renew, Release, Forget): done.
+	CodeOK
+	// CodeLeaseLost (Commit, Renew, Release): the lease expired or a newer
+	// claim fenced it; the work may have been done by someone else.
+	CodeLeaseLost
+)
+
+var codeNames = [...]string{
+	CodeUnknown:    "unknown",
+	CodeNew:        "new",
+	CodeDuplicate:  "duplicate",
+	CodeConflict:   "conflict",
+	CodeSeen:       "seen",
+	CodeNotSeen:    "not_seen",
+	CodeAcquired:   "acquired",
+	CodeInProgress: "in_progress",
+	CodeOK:         "ok",
+	CodeLeaseLost:  "lease_lost",
+}
+
+// String returns the lower-case name, e.g. "not_seen".
+func (c Code) String() string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code(%d)", uint8(c))
+}
+
+// MarshalText encodes the lower-case name.
+func (c Code) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText parses a lower-case name.
+func (c *Code) UnmarshalText(b []byte) error {
+	p, err := ParseCode(string(b))
+	if err != nil {
+		return err
+	}
+	*c = p
+	return nil
+}
+
+// ParseCode parses a lower-case result name such as "duplicate".
+func ParseCode(s string) (Code, error) {
+	for i, n := range codeNames {
+		if n == s && i != 0 {
+			return Code(i), nil
+		}
+	}
+	return CodeUnknown, fmt.Errorf("unknown result code %q", s)
+}
+
+// RecordState is the state of a recorded ID.
+type RecordState uint8
+
+const (
+	StateUnknown RecordState = iota
+	// StateCommitted: marked or committed; answers duplicate until expiry.
+	StateCommitted
+	// StateLeased: claimed; the lease runs until Record.Expires.
+	StateLeased
+)
+
+// String returns "committed", "leased" or "unknown".
+func (s RecordState) String() string {
+	switch s {
+	case StateCommitted:
+		return "committed"
+	case StateLeased:
+		return "leased"
+	}
+	return "unknown"
+}
+
+// MarshalText encodes String().
+func (s RecordState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Record describes a recorded ID as the store holds it.
+type Record struct {
+	State RecordState
+	// FirstSeen is when the ID was first recorded (leader clock, UTC, ms).
+	FirstSeen time.Time
+	// Expires is when the record (or, for a lease, the lease) expires.
+	Expires time.Time
+	// RequestToken is the token of the request that recorded or claimed it.
+	RequestToken []byte
+	// Digest is the payload digest given when recorded; nil if none.
+	Digest []byte
+	// FencingToken is the token of the latest claim of this ID; it only
+	// grows. 0 if the ID was never claimed.
+	FencingToken uint64
+}
+
+// Result is the outcome for one item, in request order.
+type Result struct {
+	// ID is the item's ID, as sent.
+	ID   []byte
+	Code Code
+	// Record is the state after the operation; nil when the ID is absent
+	// (NOT_SEEN, Forget) or the server sent none.
+	Record *Record
+}
+
+// Item is one ID for Mark or Claim.
+type Item struct {
+	// ID is the message ID: opaque bytes, 1..max_id_bytes of the namespace
+	// (512 by default).
+	ID []byte
+	// Digest is an optional payload digest (at most 64 bytes, e.g.
+	// [Digest] of the body). An ID recorded with one digest and written
+	// again with another answers CodeConflict.
+	Digest []byte
+	// RequestToken optionally replaces, for this item, the random token the
+	// client makes per call (1..64 bytes). Set it to a token you keep
+	// across process restarts (for example stored with the message) so a
+	// Mark repeated after a crash still returns its first answer.
+	RequestToken []byte
+}
+
+// Lease names a claim for Commit, Renew and Release: the ID and the fencing
+// token that Claim returned for it.
+type Lease struct {
+	ID           []byte
+	FencingToken uint64
+}
+
+// Consistency selects how Check reads.
+type Consistency uint8
+
+const (
+	// Linearizable (the default): a Check that starts after a Mark was
+	// acknowledged never answers not_seen for it.
+	Linearizable Consistency = iota
+	// Stale answers from the contacted node alone: fastest, but may miss the
+	// last moments of replication.
+	Stale
+)
+
+// String returns "linearizable" or "stale".
+func (c Consistency) String() string {
+	if c == Stale {
+		return "stale"
+	}
+	return "linearizable"
+}
+
+// ParseConsistency parses "linearizable" or "stale".
+func ParseConsistency(s string) (Consistency, error) {
+	switch s {
+	case "linearizable", "":
+		return Linearizable, nil
+	case "stale":
+		return Stale, nil
+	}
+	return Linearizable, fmt.Errorf("unknown consistency %q (want linearizable or stale)", s)
+}
+
+func (c Consistency) proto() dedupv1.Consistency {
+	if c == Stale {
+		return dedupv1.Consistency_CONSISTENCY_STALE
+	}
+	return dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
+}
+
+// ExpiryMode says whether a duplicate sighting extends a record's expiry.
+type ExpiryMode uint8
+
+const (
+	// ExpiryDefault leaves the mode to the server (fixed on create, unchanged
+	// on update).
+	ExpiryDefault ExpiryMode = iota
+	// ExpiryFixed keeps the first expiry; duplicates never extend it.
+	ExpiryFixed
+	// ExpirySliding lets a duplicate Mark extend expiry by the TTL.
+	ExpirySliding
+)
+
+// String returns "fixed", "sliding" or "" for ExpiryDefault.
+func (m ExpiryMode) String() string {
+	switch m {
+	case ExpiryFixed:
+		return "fixed"
+	case ExpirySliding:
+		return "sliding"
+	}
+	return ""
+}
+
+// ParseExpiryMode parses "fixed" or "sliding".
+func ParseExpiryMode(s string) (ExpiryMode, error) {
+	switch s {
+	case "fixed":
+		return ExpiryFixed, nil
+	case "sliding":
+		return ExpirySliding, nil
+	case "":
+		return ExpiryDefault, nil
+	}
+	return ExpiryDefault, fmt.Errorf("unknown expiry mode %q (want fixed or sliding)", s)
+}
+
+// Namespace is an independent dedup space with its own limits. Zero
+// durations and sizes mean "server default" on create and "unchanged" on
+// update.
+type Namespace struct {
+	Name string
+	// DefaultTTL applies to Mark and Commit calls that give no TTL.
+	DefaultTTL time.Duration
+	// MaxTTL bounds every TTL given in a call.
+	MaxTTL time.Duration
+	// MaxIDBytes bounds the length of every ID.
+	MaxIDBytes int
+	Mode       ExpiryMode
+	// DefaultLease applies to Claim and Renew calls that give no lease.
+	DefaultLease time.Duration
+	// BucketWidth is the width of the expiry buckets (read-only; derived
+	// from MaxTTL at creation).
+	BucketWidth time.Duration
+}
+
+// Member is one node of the Raft configuration.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	GRPCAddr string `json:"grpc_addr"`
+	// Suffrage is "voter" or "nonvoter".
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+}
+
+// BloomStatus reports a node's Bloom filters.
+type BloomStatus struct {
+	Filters          uint64  `json:"filters"`
+	MemoryBytes      uint64  `json:"memory_bytes"`
+	IDs              uint64  `json:"ids"`
+	BitsPerID        float64 `json:"bits_per_id"`
+	ConfiguredFPRate float64 `json:"configured_fp_rate"`
+	// ObservedFPRate is measured from "maybe" lookups that found nothing.
+	ObservedFPRate float64 `json:"observed_fp_rate"`
+	MaybeLookups   uint64  `json:"maybe_lookups"`
+	FalsePositives uint64  `json:"false_positives"`
+	// Ready is false while the filters rebuild; reads then go to storage.
+	Ready bool `json:"ready"`
+}
+
+// Status is one node's view of the cluster.
+type Status struct {
+	NodeID string `json:"node_id"`
+	// State is "leader", "follower", "candidate" or "shutdown".
+	State             string      `json:"state"`
+	LeaderID          string      `json:"leader_id"`
+	LeaderGRPCAddr    string      `json:"leader_grpc_addr"`
+	Term              uint64      `json:"term"`
+	CommitIndex       uint64      `json:"commit_index"`
+	AppliedIndex      uint64      `json:"applied_index"`
+	LastSnapshotIndex uint64      `json:"last_snapshot_index"`
+	Members           []Member    `json:"members"`
+	IDsStored         uint64      `json:"ids_stored"`
+	Bloom             BloomStatus `json:"bloom"`
+	// LeaderTime is the leader's clock as last seen in the log (UTC, ms).
+	LeaderTime time.Time `json:"leader_time"`
+	Buckets    uint64    `json:"buckets"`
+}
+
+// msOf converts a duration to whole milliseconds (0 stays 0: the default).
+func msOf(d time.Duration) int64 { return d.Milliseconds() }
+
+func timeOf(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+func recordOf(r *dedupv1.Record) *Record {
+	if r == nil {
+		return nil
+	}
+	var st RecordState
+	switch r.GetState() {
+	case dedupv1.RecordState_RECORD_STATE_COMMITTED:
+		st = StateCommitted
+	case dedupv1.RecordState_RECORD_STATE_LEASED:
+		st = StateLeased
+	}
+	if st == StateUnknown && r.GetFirstSeenUnixMs() == 0 && r.GetExpiresUnixMs() == 0 && r.GetFencingToken() == 0 {
+		return nil
+	}
+	return &Record{
+		State:        st,
+		FirstSeen:    timeOf(r.GetFirstSeenUnixMs()),
+		Expires:      timeOf(r.GetExpiresUnixMs()),
+		RequestToken: r.GetRequestToken(),
+		Digest:       r.GetDigest(),
+		FencingToken: r.GetFencingToken(),
+	}
+}
+
+func checkCode(c dedupv1.CheckResult_Code) Code {
+	switch c {
+	case dedupv1.CheckResult_SEEN:
+		return CodeSeen
+	case dedupv1.CheckResult_NOT_SEEN:
+		return CodeNotSeen
+	}
+	return CodeUnknown
+}
+
+func markCode(c dedupv1.MarkResult_Code) Code {
+	switch c {
+	case dedupv1.MarkResult_NEW:
+		return CodeNew
+	case dedupv1.MarkResult_DUPLICATE:
+		return CodeDuplicate
+	case dedupv1.MarkResult_CONFLICT:
+		return CodeConflict
+	}
+	return CodeUnknown
+}
+
+func claimCode(c dedupv1.ClaimResult_Code) Code {
+	switch c {
+	case dedupv1.ClaimResult_ACQUIRED:
+		return CodeAcquired
+	case dedupv1.ClaimResult_DUPLICATE:
+		return CodeDuplicate
+	case dedupv1.ClaimResult_IN_PROGRESS:
+		return CodeInProgress
+	case dedupv1.ClaimResult_CONFLICT:
+		return CodeConflict
+	}
+	return CodeUnknown
+}
+
+func leaseCode(c dedupv1.LeaseResult_Code) Code {
+	switch c {
+	case dedupv1.LeaseResult_OK:
+		return CodeOK
+	case dedupv1.LeaseResult_LEASE_LOST:
+		return CodeLeaseLost
+	}
+	return CodeUnknown
+}
+
+func namespaceOf(n *dedupv1.Namespace) Namespace {
+	var mode ExpiryMode
+	switch n.GetExpiryMode() {
+	case dedupv1.ExpiryMode_EXPIRY_MODE_FIXED:
+		mode = ExpiryFixed
+	case dedupv1.ExpiryMode_EXPIRY_MODE_SLIDING:
+		mode = ExpirySliding
+	}
+	return Namespace{
+		Name:         n.GetName(),
+		DefaultTTL:   time.Duration(n.GetDefaultTtlMs()) * time.Millisecond,
+		MaxTTL:       time.Duration(n.GetMaxTtlMs()) * time.Millisecond,
+		MaxIDBytes:   int(n.GetMaxIdBytes()),
+		Mode:         mode,
+		DefaultLease: time.Duration(n.GetDefaultLeaseMs()) * time.Millisecond,
+		BucketWidth:  time.Duration(n.GetBucketWidthMs()) * time.Millisecond,
+	}
+}
+
+func (n Namespace) proto() *dedupv1.Namespace {
+	var mode dedupv1.ExpiryMode
+	switch n.Mode {
+	case ExpiryFixed:
+		mode = dedupv1.ExpiryMode_EXPIRY_MODE_FIXED
+	case ExpirySliding:
+		mode = dedupv1.ExpiryMode_EXPIRY_MODE_SLIDING
+	}
+	return &dedupv1.Namespace{
+		Name:           n.Name,
+		DefaultTtlMs:   msOf(n.DefaultTTL),
+		MaxTtlMs:       msOf(n.MaxTTL),
+		MaxIdBytes:     uint32(max(n.MaxIDBytes, 0)),
+		ExpiryMode:     mode,
+		DefaultLeaseMs: msOf(n.DefaultLease),
+	}
+}
+
+func statusOf(s *dedupv1.StatusResponse) Status {
+	out := Status{
+		NodeID:            s.GetNodeId(),
+		State:             s.GetState(),
+		LeaderID:          s.GetLeaderId(),
+		LeaderGRPCAddr:    s.GetLeaderGrpcAddr(),
+		Term:              s.GetTerm(),
+		CommitIndex:       s.GetCommitIndex(),
+		AppliedIndex:      s.GetAppliedIndex(),
+		LastSnapshotIndex: s.GetLastSnapshotIndex(),
+		Members:           make([]Member, 0, len(s.GetMembers())),
+		IDsStored:         s.GetIdsStored(),
+		LeaderTime:        timeOf(s.GetLeaderTimeUnixMs()),
+		Buckets:           s.GetBuckets(),
+	}
+	for _, m := range s.GetMembers() {
+		out.Members = append(out.Members, Member{
+			ID: m.GetId(), RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr(),
+			Suffrage: m.GetSuffrage(), Leader: m.GetLeader(),
+		})
+	}
+	if b := s.GetBloom(); b != nil {
+		out.Bloom = BloomStatus{
+			Filters: b.GetFilters(), MemoryBytes: b.GetMemoryBytes(), IDs: b.GetIds(),
+			BitsPerID: b.GetBitsPerId(), ConfiguredFPRate: b.GetConfiguredFpRate(),
+			ObservedFPRate: b.GetObservedFpRate(), MaybeLookups: b.GetMaybeLookups(),
+			FalsePositives: b.GetFalsePositives(), Ready: b.GetReady(),
+		}
+	}
+	return out
+}
