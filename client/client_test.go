@@ -12,7 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-func fastRetry(attempts int) Option { return WithRetry(attempts, time.Millisecond, 10*time.Millisecond) }
+func fastRetry(attempts int) Option {
+	return WithRetry(attempts, time.Millisecond, 10*time.Millisecond)
+}
 
 func items(ids ...string) []Item {
 	out := make([]Item, len(ids))
