@@ -259,7 +259,16 @@ func lost(rec Record, live bool) ItemResult {
 // filter says "maybe" (all of them while the filters are rebuilding).
 func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, bool) {
 	if e, ok := a.ov[string(hkey)]; ok {
-		return e.rec, e.bucket, e.present
+		if !e.present {
+			return Record{}, 0, false
+		}
+		// A later entry of this batch may have dropped the bucket the
+		// record was written to: then it is gone, as it would be had the
+		// entries been applied one by one.
+		if _, live := a.f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: e.bucket}]; live {
+			return e.rec, e.bucket, true
+		}
+		return Record{}, 0, false
 	}
 	rec, bucket, found, err := a.f.lookupStored(ns, id, hkey, &a.kbuf, &a.vbuf)
 	must(err)

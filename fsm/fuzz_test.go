@@ -1,0 +1,63 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// FuzzDecodeCommand: arbitrary bytes never panic the decoder, and whatever
+// decodes re-encodes to bytes that decode to the same command.
+func FuzzDecodeCommand(f *testing.F) {
+	f.Add(AppendCommand(nil, &Command{TimestampMs: t0, Ops: []Op{{Kind: OpMark, Namespace: "n", DurationMs: 5, Items: []Item{{ID: []byte("a"), Digest: []byte("d"), Token: []byte("t")}}}}}))
+	f.Add(AppendCommand(nil, &Command{Ops: []Op{{Kind: OpCreateNamespace, Config: DefaultNamespaceConfig("x")}, {Kind: OpSetNode, Node: NodeInfo{ID: "n1", GRPCAddr: "h:1"}}, {Kind: OpTick}}}))
+	f.Add([]byte{1, 0, 200, 200, 200, 200, 1})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := DecodeCommand(data)
+		if err != nil {
+			if !errors.Is(err, ErrCorruptCommand) {
+				t.Fatalf("error does not wrap ErrCorruptCommand: %v", err)
+			}
+			return
+		}
+		enc := AppendCommand(nil, &c)
+		c2, err := DecodeCommand(enc)
+		if err != nil {
+			t.Fatalf("re-encoded command fails to decode: %v", err)
+		}
+		if !bytes.Equal(enc, AppendCommand(nil, &c2)) {
+			t.Fatal("encoding is not stable")
+		}
+	})
+}
+
+// FuzzValidate: validation never panics, and every accepted op has items
+// within the namespace's limits (so nothing invalid reaches the log).
+func FuzzValidate(f *testing.F) {
+	f.Add(uint8(OpMark), int64(0), []byte("id"), []byte{}, []byte("tok"), uint64(0), 3)
+	f.Add(uint8(OpCommit), int64(-1), []byte{}, []byte("d"), []byte{}, uint64(1), 0)
+	ns := DefaultNamespaceConfig("default")
+	ns.MaxIDBytes = 16
+	f.Fuzz(func(t *testing.T, kind uint8, dur int64, id, digest, token []byte, fence uint64, n int) {
+		n = n % 20
+		if n < 0 {
+			n = -n
+		}
+		op := Op{Kind: OpKind(kind), DurationMs: dur}
+		for range n {
+			op.Items = append(op.Items, Item{ID: id, Digest: digest, Token: token, Fence: fence})
+		}
+		err := Validate(&op, &ns, Limits{MaxBatch: 10})
+		if err != nil {
+			var ie *InvalidError
+			if !errors.As(err, &ie) || ie.Field == "" || !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("error without a field: %v", err)
+			}
+			return
+		}
+		if len(op.Items) == 0 || len(op.Items) > 10 || len(id) == 0 || len(id) > 16 || len(digest) > MaxDigestBytes || len(token) > MaxTokenBytes || dur < 0 || dur > ns.MaxTTLMs {
+			t.Fatalf("accepted invalid op %+v", op)
+		}
+	})
+}
