@@ -1,0 +1,166 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+// Peer is one member of a statically configured cluster.
+type Peer struct {
+	ID       string // Raft server ID, unique across all time
+	RaftAddr string // address other nodes dial for Raft traffic
+	GRPCAddr string // address clients use for this node
+}
+
+// ProgressProbe asks the node id (reachable for clients at grpcAddr) for
+// the index its state machine has applied. The leader uses it to decide
+// when a non-voter has caught up and can be promoted.
+type ProgressProbe func(ctx context.Context, id, grpcAddr string) (appliedIndex uint64, err error)
+
+// Config configures a Node. Zero durations and counts take the defaults
+// listed per field.
+type Config struct {
+	// NodeID is this node's Raft server ID; it must be unique across all
+	// time (a replaced machine gets a new ID).
+	NodeID string
+	// DataDir holds raft/raft.db (log and stable store), raft/snapshots and
+	// fsm/ (the state machine's Pebble database).
+	DataDir string
+	// RaftAddr is the bind address for Raft traffic; port 0 picks a free
+	// port (read it back with Node.RaftAddr). Ignored when RaftListener is
+	// set.
+	RaftAddr string
+	// RaftAdvertise is the address other nodes dial; defaults to the bound
+	// address, which must then not be an unspecified IP (0.0.0.0, ::).
+	RaftAdvertise string
+	// RaftListener, if set, is used instead of listening on RaftAddr (tests
+	// bind every address before starting any node). Node takes ownership.
+	RaftListener net.Listener
+	// GRPCAddr is the client address advertised for this node (recorded in
+	// the replicated node table so followers can forward to the leader).
+	GRPCAddr string
+	// Bootstrap makes a node with no Raft state form a one-node cluster.
+	Bootstrap bool
+	// Peers, given identically to every node, bootstraps a static cluster:
+	// each node with no state bootstraps with the whole list (which must
+	// include itself). A node with existing state ignores it, except that
+	// a leader records the peers' client addresses.
+	Peers []Peer
+	// Logger receives everything, Raft's own logs at WARN and above.
+	Logger *slog.Logger
+	// FSM configures the state machine; Dir is always DataDir/fsm.
+	FSM fsm.Config
+
+	// Raft tuning (hashicorp/raft defaults when zero: heartbeat 1 s,
+	// election 1 s, leader lease 500 ms, commit 50 ms, snapshot every
+	// 120-240 s when 8192 entries were added, 10240 trailing logs).
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	SnapshotInterval   time.Duration
+	SnapshotThreshold  uint64
+	TrailingLogs       uint64
+	// SnapshotRetain is how many snapshots are kept on disk (default 2).
+	SnapshotRetain int
+
+	// MaxGroupItems caps the items (message IDs; an op without items
+	// counts 1) grouped into one Raft entry (default 20 000). A single
+	// larger request still goes alone.
+	MaxGroupItems int
+	// MaxGroupBytes caps the approximate encoded size of one entry
+	// (default 8 MiB).
+	MaxGroupBytes int
+	// MaxInflight caps Raft entries proposed and not yet answered
+	// (default 2). Without a cap no groups form: raft.Apply only enqueues.
+	MaxInflight int
+
+	// TickInterval is how often the leader looks for expired buckets and
+	// non-voters to promote (default 1 s).
+	TickInterval time.Duration
+	// PromoteAfter is how long a non-voter must have been in the
+	// configuration before promotion is considered (default 2 s).
+	PromoteAfter time.Duration
+	// PromoteMaxLag is how many entries a non-voter's applied index may
+	// trail the leader's commit index and still count as caught up
+	// (default 256).
+	PromoteMaxLag uint64
+	// Progress, if set, lets the leader ask a non-voter its applied index
+	// (the server wires it to Admin.Status). Without it a non-voter counts
+	// as caught up when no heartbeat to it failed within PromoteAfter.
+	Progress ProgressProbe
+}
+
+func (c *Config) withDefaults() Config {
+	d := *c
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.SnapshotRetain <= 0 {
+		d.SnapshotRetain = 2
+	}
+	if d.MaxGroupItems <= 0 {
+		d.MaxGroupItems = 20_000
+	}
+	if d.MaxGroupBytes <= 0 {
+		d.MaxGroupBytes = 8 << 20
+	}
+	if d.MaxInflight <= 0 {
+		d.MaxInflight = 2
+	}
+	if d.TickInterval <= 0 {
+		d.TickInterval = time.Second
+	}
+	if d.PromoteAfter <= 0 {
+		d.PromoteAfter = 2 * time.Second
+	}
+	if d.PromoteMaxLag == 0 {
+		d.PromoteMaxLag = 256
+	}
+	return d
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.NodeID == "" {
+		errs = append(errs, errors.New("NodeID is required"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("DataDir is required"))
+	}
+	if c.RaftAddr == "" && c.RaftListener == nil {
+		errs = append(errs, errors.New("RaftAddr is required"))
+	}
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("GRPCAddr is required"))
+	}
+	if len(c.Peers) > 0 {
+		self := false
+		seen := map[string]bool{}
+		for i, p := range c.Peers {
+			if p.ID == "" || p.RaftAddr == "" {
+				errs = append(errs, fmt.Errorf("Peers[%d]: ID and RaftAddr are required", i))
+			}
+			if seen[p.ID] {
+				errs = append(errs, fmt.Errorf("Peers[%d]: duplicate ID %q", i, p.ID))
+			}
+			seen[p.ID] = true
+			if p.ID == c.NodeID {
+				self = true
+			}
+		}
+		if !self {
+			errs = append(errs, fmt.Errorf("Peers must include this node (%q)", c.NodeID))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cluster config: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,45 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of the cluster layer. Callers test them with errors.Is;
+// the server maps each to one gRPC code.
+var (
+	// ErrNotLeader: this node is not the leader, so nothing was proposed.
+	// Retrying elsewhere is always safe. The error is a *NotLeaderError
+	// carrying the leader's identity when one is known.
+	ErrNotLeader = errors.New("not the raft leader")
+	// ErrNotReady: this node is leader but has not yet finished the barrier
+	// of its term; nothing was proposed. Retry shortly.
+	ErrNotReady = errors.New("leader not ready yet (term start barrier pending)")
+	// ErrOutcomeUnknown: the write was handed to Raft but leadership was
+	// lost (or the node shut down) before it was known to commit. The entry
+	// may still commit under the next leader: retry with the same request
+	// token to learn the original answer.
+	ErrOutcomeUnknown = errors.New("write outcome unknown (leadership lost while in flight); retry with the same request token")
+	// ErrShutdown: the node is shutting down; nothing new is accepted.
+	ErrShutdown = errors.New("node is shutting down")
+)
+
+// NotLeaderError says which node leads, if any is known. It matches
+// ErrNotLeader with errors.Is.
+type NotLeaderError struct {
+	// LeaderID, LeaderRaftAddr and LeaderGRPCAddr are empty when no leader
+	// is known (an election is in progress or there is no quorum).
+	LeaderID       string
+	LeaderRaftAddr string
+	LeaderGRPCAddr string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return ErrNotLeader.Error() + " (no leader known)"
+	}
+	return fmt.Sprintf("%s (leader is %s at %s)", ErrNotLeader, e.LeaderID, e.LeaderGRPCAddr)
+}
+
+// Unwrap makes errors.Is(err, ErrNotLeader) true.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }

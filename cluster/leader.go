@@ -1,0 +1,231 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+// runObserver drains raft observations: leader changes wake waiters
+// (WaitLeader, WaitReady); failed heartbeats feed the promotion rule. The
+// observer is non-blocking, so raft never stalls on us; a dropped
+// observation only delays a waiter until its next poll.
+func (n *Node) runObserver() {
+	defer n.wg.Done()
+	for {
+		select {
+		case o := <-n.obsCh:
+			switch d := o.Data.(type) {
+			case raft.LeaderObservation, raft.PeerObservation:
+				n.broadcast()
+			case raft.FailedHeartbeatObservation:
+				n.hbMu.Lock()
+				n.hbFail[d.PeerID] = time.Now()
+				n.hbMu.Unlock()
+			}
+		case <-n.stop:
+			return
+		}
+	}
+}
+
+// runLeadership drains Config.NotifyCh (raft blocks on it, and LeaderCh
+// drops transitions) and runs one leaderTerm goroutine per term in which
+// this node leads, cancelling it when leadership ends.
+func (n *Node) runLeadership() {
+	defer n.wg.Done()
+	var stopCurrent func()
+	stopTerm := func() {
+		if stopCurrent != nil {
+			stopCurrent()
+			stopCurrent = nil
+		}
+		n.readyTerm.Store(0)
+		n.broadcast()
+	}
+	for {
+		select {
+		case leader := <-n.notifyCh:
+			stopTerm()
+			if leader {
+				stopCurrent = n.startTerm()
+			}
+		case <-n.stop:
+			stopTerm()
+			return
+		}
+	}
+}
+
+// startTerm runs leaderTerm in a goroutine; the returned func cancels it
+// and waits for it to end.
+func (n *Node) startTerm() func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.leaderTerm(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// leaderTerm is the leader's work for one term:
+//
+//  1. Barrier: every entry of earlier terms is applied, so fsm.Nodes and
+//     fsm.LastTimestamp are current.
+//  2. The term-start command (OpSetNode for itself and static peers whose
+//     client address the node table lacks, else an OpTick). Once it has
+//     applied, the commit index always sits on an entry the FSM applies
+//     (no-op and barrier entries never reach it), so a read index can be
+//     waited for with fsm.WaitApplied on any node.
+//  3. Ready: Propose and ReadIndex are served from now on.
+//  4. Every TickInterval: propose an OpTick if buckets expired, and promote
+//     caught-up non-voters.
+func (n *Node) leaderTerm(ctx context.Context) {
+	term := n.raft.CurrentTerm()
+	if err := waitFuture(ctx, n.raft.Barrier(0)); err != nil {
+		if ctx.Err() == nil {
+			n.log.Warn("term barrier failed", "term", term, "err", err)
+		}
+		return
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		_, err := n.proposeInternal(ctx, n.termStartOps())
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrNotLeader) || errors.Is(err, ErrShutdown) {
+			return
+		}
+		n.log.Warn("term start command failed; retrying", "term", term, "err", err)
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		case <-ctx.Done():
+			return
+		}
+	}
+	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+		return
+	}
+	n.readyTerm.Store(term)
+	n.broadcast()
+	n.log.Info("leader ready", "term", term)
+
+	nonvoterSince := map[raft.ServerID]time.Time{}
+	t := time.NewTicker(n.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.expireTick(ctx)
+			n.promote(ctx, nonvoterSince)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (n *Node) termStartOps() []fsm.Op {
+	nodes := n.fsm.Nodes()
+	var ops []fsm.Op
+	if nodes[n.cfg.NodeID] != n.cfg.GRPCAddr {
+		ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: n.cfg.NodeID, GRPCAddr: n.cfg.GRPCAddr}})
+	}
+	for _, p := range n.cfg.Peers {
+		if p.ID != n.cfg.NodeID && p.GRPCAddr != "" && nodes[p.ID] == "" {
+			ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: p.ID, GRPCAddr: p.GRPCAddr}})
+		}
+	}
+	if len(ops) == 0 {
+		ops = append(ops, fsm.Op{Kind: fsm.OpTick})
+	}
+	return ops
+}
+
+// expireTick proposes an OpTick when whole buckets have expired, so space
+// comes back even when no client writes arrive.
+func (n *Node) expireTick(ctx context.Context) {
+	now := max(time.Now().UnixMilli(), n.fsm.LastTimestamp())
+	if n.fsm.ExpiredBuckets(now) == 0 {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := n.proposeInternal(tctx, []fsm.Op{{Kind: fsm.OpTick}}); err != nil && ctx.Err() == nil {
+		n.log.Warn("expiry tick failed", "err", err)
+	}
+}
+
+// promote turns caught-up non-voters into voters. The rule: a non-voter is
+// promoted once it has been in the configuration for at least PromoteAfter
+// (as seen by this leader) and
+//   - with a Progress probe and a known client address: its FSM's applied
+//     index is within PromoteMaxLag of the leader's commit index read
+//     before the probe;
+//   - otherwise: no heartbeat to it failed within the last PromoteAfter.
+//
+// A node still installing a snapshot answers the probe with an old applied
+// index, so it stays a non-voter and cannot hurt the quorum meanwhile.
+func (n *Node) promote(ctx context.Context, since map[raft.ServerID]time.Time) {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	now := time.Now()
+	present := map[raft.ServerID]bool{}
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage != raft.Nonvoter {
+			continue
+		}
+		present[s.ID] = true
+		first, ok := since[s.ID]
+		if !ok {
+			since[s.ID] = now
+			continue
+		}
+		if now.Sub(first) < n.cfg.PromoteAfter || !n.caughtUp(ctx, s) {
+			continue
+		}
+		if err := waitFuture(ctx, n.raft.AddVoter(s.ID, s.Address, 0, 5*time.Second)); err != nil {
+			if ctx.Err() == nil {
+				n.log.Warn("promote non-voter failed", "peer", s.ID, "err", err)
+			}
+			continue
+		}
+		delete(since, s.ID)
+		n.log.Info("promoted non-voter to voter", "peer", s.ID, "raft_addr", s.Address)
+	}
+	for id := range since {
+		if !present[id] {
+			delete(since, id)
+		}
+	}
+}
+
+func (n *Node) caughtUp(ctx context.Context, s raft.Server) bool {
+	commit := n.raft.CommitIndex()
+	if n.cfg.Progress != nil {
+		if addr := n.fsm.Nodes()[string(s.ID)]; addr != "" {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			applied, err := n.cfg.Progress(pctx, string(s.ID), addr)
+			if err != nil {
+				return false
+			}
+			return applied+n.cfg.PromoteMaxLag >= commit
+		}
+	}
+	n.hbMu.Lock()
+	last, failed := n.hbFail[s.ID]
+	n.hbMu.Unlock()
+	return !failed || time.Since(last) > n.cfg.PromoteAfter
+}

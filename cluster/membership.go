@@ -1,0 +1,159 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+const membershipTimeout = 10 * time.Second
+
+// Join adds a node as a non-voter (the leadership loop promotes it once it
+// has caught up) and records its client address. Leader only. Joining a
+// node that is already a member updates its addresses and keeps its
+// suffrage, so a retried or repeated join is harmless.
+//
+// Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields), ctx's
+// error, or a raft error.
+func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string) error {
+	if id == "" || raftAddr == "" || grpcAddr == "" {
+		return &fsm.InvalidError{Field: "node_id/raft_addr/grpc_addr", Reason: "all three are required"}
+	}
+	if err := n.WaitReady(ctx); err != nil {
+		return err
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return n.mapConfigError(err)
+	}
+	member := false
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id && string(s.Address) == raftAddr {
+			member = true
+		}
+	}
+	if !member {
+		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
+			return n.mapConfigError(err)
+		}
+		n.log.Info("added non-voter", "peer", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr)
+	}
+	// Always end with a command, so the commit index rests on an entry the
+	// FSM applies (see leaderTerm).
+	res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: id, GRPCAddr: grpcAddr}}})
+	if err != nil {
+		return err
+	}
+	return res[0].Err
+}
+
+// Remove removes a node from the Raft configuration and the node table.
+// Leader only. Removing the leader itself makes it step down afterwards.
+//
+// Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
+// error, or a raft error.
+func (n *Node) Remove(ctx context.Context, id string) error {
+	if id == "" {
+		return &fsm.InvalidError{Field: "node_id", Reason: "required"}
+	}
+	if err := n.WaitReady(ctx); err != nil {
+		return err
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return n.mapConfigError(err)
+	}
+	found := false
+	for _, s := range cf.Configuration().Servers {
+		found = found || string(s.ID) == id
+	}
+	removeNode := func() error {
+		res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpRemoveNode, Node: fsm.NodeInfo{ID: id}}})
+		if err != nil {
+			return err
+		}
+		if err := res[0].Err; err != nil && !errors.Is(err, fsm.ErrNodeNotFound) {
+			return err
+		}
+		return nil
+	}
+	if !found {
+		if _, ok := n.fsm.Nodes()[id]; ok {
+			return removeNode() // left over in the node table only
+		}
+		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
+	}
+	if id == n.cfg.NodeID {
+		// After removing itself the leader can propose nothing more.
+		if err := removeNode(); err != nil {
+			return err
+		}
+	}
+	if err := waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, membershipTimeout)); err != nil {
+		return n.mapConfigError(err)
+	}
+	n.log.Info("removed server", "peer", id)
+	if id != n.cfg.NodeID {
+		return removeNode()
+	}
+	return nil
+}
+
+// TransferLeadership hands leadership to the voter id ("" lets Raft pick
+// the most up-to-date voter) and waits (bounded by ctx) until a new leader
+// is known. Leader only. Returns the new leader's ID.
+func (n *Node) TransferLeadership(ctx context.Context, id string) (string, error) {
+	if n.raft.State() != raft.Leader {
+		return "", n.notLeaderError()
+	}
+	var f raft.Future
+	if id == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		var addr raft.ServerAddress
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return "", n.mapConfigError(err)
+		}
+		for _, s := range cf.Configuration().Servers {
+			if string(s.ID) == id && s.Suffrage == raft.Voter {
+				addr = s.Address
+			}
+		}
+		if addr == "" {
+			return "", &fsm.InvalidError{Field: "node_id", Reason: fmt.Sprintf("%q is not a voter of this cluster", id)}
+		}
+		f = n.raft.LeadershipTransferToServer(raft.ServerID(id), addr)
+	}
+	if err := waitFuture(ctx, f); err != nil {
+		return "", n.mapConfigError(err)
+	}
+	for {
+		ch := n.Changed()
+		if lid, _, _ := n.Leader(); lid != "" && lid != n.cfg.NodeID {
+			return lid, nil
+		}
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+}
+
+func (n *Node) mapConfigError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w (%w)", n.notLeaderError(), err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	}
+	return err
+}

@@ -1,0 +1,562 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+// Node is one member of a dedupnode Raft group: the Raft instance, its
+// log/stable store (bbolt), snapshot store, TCP transport and the FSM it
+// drives, plus the leader-side machinery (group-commit proposer, read
+// index, leadership loop). A process may host several Nodes (no globals).
+//
+// All methods are safe for concurrent use.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	fsm    *fsm.FSM
+	raft   *raft.Raft
+	trans  *raft.NetworkTransport
+	stream *streamLayer
+	bolt   *raftboltdb.BoltStore
+	snaps  *raft.FileSnapshotStore
+
+	hadState bool
+
+	notifyCh chan bool
+	obsCh    chan raft.Observation
+	observer *raft.Observer
+
+	// readyTerm is the term whose barrier and term-start command have been
+	// applied on this leader; 0 when not leader (or not yet ready).
+	readyTerm atomic.Uint64
+
+	chMu    sync.Mutex
+	changed chan struct{} // closed and replaced on leader or readiness change
+
+	hbMu   sync.Mutex
+	hbFail map[raft.ServerID]time.Time // last failed heartbeat per peer (leader)
+
+	prop  *proposer
+	reads *readIndexer
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	shutOnce sync.Once
+	shutErr  error
+}
+
+// New opens the stores in cfg.DataDir, starts Raft and, when the node has
+// no Raft state yet, bootstraps it (Bootstrap: alone; Peers: with the whole
+// list). A node started with neither waits to be added by a leader (Join).
+func New(cfg Config) (_ *Node, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
+		notifyCh: make(chan bool, 16),
+		obsCh:    make(chan raft.Observation, 64),
+		changed:  make(chan struct{}),
+		hbFail:   map[raft.ServerID]time.Time{},
+		stop:     make(chan struct{}),
+	}
+	hcl := newHCLogger(n.log.With("component", "raft"), hclog.Warn)
+
+	var closers []func() error
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				_ = closers[i]()
+			}
+		}
+	}()
+
+	raftDir := filepath.Join(cfg.DataDir, "raft")
+	if err := os.MkdirAll(raftDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create raft dir: %w", err)
+	}
+
+	ln := cfg.RaftListener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.RaftAddr); err != nil {
+			return nil, fmt.Errorf("listen for raft on %s: %w", cfg.RaftAddr, err)
+		}
+	}
+	if n.stream, err = newStreamLayer(ln, cfg.RaftAdvertise); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	closers = append(closers, n.stream.Close)
+
+	n.bolt, err = raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(raftDir, "raft.db"),
+		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(raftDir, "raft.db"), err)
+	}
+	closers = append(closers, n.bolt.Close)
+
+	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(raftDir, cfg.SnapshotRetain, hcl); err != nil {
+		return nil, fmt.Errorf("open snapshot store: %w", err)
+	}
+
+	fcfg := cfg.FSM
+	fcfg.Dir = filepath.Join(cfg.DataDir, "fsm")
+	if fcfg.Logger == nil {
+		fcfg.Logger = cfg.Logger
+	}
+	if n.fsm, err = fsm.New(fcfg); err != nil {
+		return nil, fmt.Errorf("open fsm: %w", err)
+	}
+	closers = append(closers, n.fsm.Close)
+
+	if n.hadState, err = raft.HasExistingState(n.bolt, n.bolt, n.snaps); err != nil {
+		return nil, fmt.Errorf("inspect raft state: %w", err)
+	}
+	skipRestore, err := n.canSkipRestore()
+	if err != nil {
+		return nil, err
+	}
+
+	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  n.stream,
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  hcl,
+	})
+	closers = append(closers, n.trans.Close)
+
+	logs, err := raft.NewLogCache(512, n.bolt)
+	if err != nil {
+		return nil, err
+	}
+	rc := n.raftConfig(hcl, skipRestore)
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.bolt, n.snaps, n.trans); err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	closers = append(closers, func() error { return n.raft.Shutdown().Error() })
+
+	if !n.hadState {
+		if err := n.bootstrap(); err != nil {
+			return nil, err
+		}
+	}
+
+	n.observer = raft.NewObserver(n.obsCh, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.FailedHeartbeatObservation, raft.PeerObservation:
+			return true
+		}
+		return false
+	})
+	n.raft.RegisterObserver(n.observer)
+
+	n.prop = newProposer(n)
+	n.reads = &readIndexer{n: n}
+	n.wg.Add(3)
+	go n.runObserver()
+	go n.runLeadership()
+	go n.prop.run()
+	n.log.Info("raft node started", "raft_addr", n.RaftAddr(), "grpc_addr", cfg.GRPCAddr,
+		"existing_state", n.hadState, "restore_snapshot_on_start", !skipRestore)
+	return n, nil
+}
+
+func (n *Node) raftConfig(hcl hclog.Logger, skipRestore bool) *raft.Config {
+	c := n.cfg
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(c.NodeID)
+	rc.Logger = hcl
+	rc.NotifyCh = n.notifyCh
+	rc.NoSnapshotRestoreOnStart = skipRestore
+	if c.HeartbeatTimeout > 0 {
+		rc.HeartbeatTimeout = c.HeartbeatTimeout
+	}
+	if c.ElectionTimeout > 0 {
+		rc.ElectionTimeout = c.ElectionTimeout
+	}
+	if c.LeaderLeaseTimeout > 0 {
+		rc.LeaderLeaseTimeout = c.LeaderLeaseTimeout
+	}
+	if c.CommitTimeout > 0 {
+		rc.CommitTimeout = c.CommitTimeout
+	}
+	if c.SnapshotInterval > 0 {
+		rc.SnapshotInterval = c.SnapshotInterval
+	}
+	if c.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = c.SnapshotThreshold
+	}
+	if c.TrailingLogs > 0 {
+		rc.TrailingLogs = c.TrailingLogs
+	}
+	// Keep raft.ValidateConfig's orderings when only some knobs are set.
+	rc.LeaderLeaseTimeout = min(rc.LeaderLeaseTimeout, rc.HeartbeatTimeout)
+	rc.ElectionTimeout = max(rc.ElectionTimeout, rc.HeartbeatTimeout)
+	return rc
+}
+
+// canSkipRestore decides raft's NoSnapshotRestoreOnStart. The FSM persists
+// its applied index atomically with its data, so on restart it normally
+// holds everything up to the latest snapshot and re-ingesting that snapshot
+// would only cost time. It must restore when it does not: its applied index
+// is below the snapshot's and an entry it never applied lies in between
+// (raft's snapshot index may also point past trailing no-op and barrier
+// entries, which the FSM never sees; those do not count). When the entries
+// in between are no longer in the log, restore.
+func (n *Node) canSkipRestore() (bool, error) {
+	metas, err := n.snaps.List()
+	if err != nil {
+		return false, fmt.Errorf("list snapshots: %w", err)
+	}
+	if len(metas) == 0 {
+		return true, nil
+	}
+	snapIdx, applied := metas[0].Index, n.fsm.AppliedIndex()
+	if applied >= snapIdx {
+		return true, nil
+	}
+	const maxScan = 1024
+	if snapIdx-applied > maxScan {
+		n.log.Warn("fsm behind latest snapshot; restoring it", "fsm_applied", applied, "snapshot_index", snapIdx)
+		return false, nil
+	}
+	for i := applied + 1; i <= snapIdx; i++ {
+		var l raft.Log
+		if err := n.bolt.GetLog(i, &l); err != nil || l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			n.log.Warn("fsm behind latest snapshot; restoring it", "fsm_applied", applied, "snapshot_index", snapIdx)
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (n *Node) bootstrap() error {
+	var servers []raft.Server
+	switch {
+	case len(n.cfg.Peers) > 0:
+		for _, p := range n.cfg.Peers {
+			addr := p.RaftAddr
+			if p.ID == n.cfg.NodeID && addr != n.RaftAddr() {
+				n.log.Warn("this node's raft address in Peers differs from its advertised address",
+					"peers_addr", addr, "advertised", n.RaftAddr())
+			}
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(addr)})
+		}
+	case n.cfg.Bootstrap:
+		servers = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(n.cfg.NodeID), Address: n.trans.LocalAddr()}}
+	default:
+		return nil
+	}
+	err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		return fmt.Errorf("bootstrap cluster: %w", err)
+	}
+	return nil
+}
+
+// ID returns this node's Raft server ID.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// RaftAddr returns the advertised Raft address (with the real port when
+// the bind address had port 0).
+func (n *Node) RaftAddr() string { return string(n.trans.LocalAddr()) }
+
+// GRPCAddr returns the client address advertised for this node.
+func (n *Node) GRPCAddr() string { return n.cfg.GRPCAddr }
+
+// FSM returns the node's state machine (for local reads).
+func (n *Node) FSM() *fsm.FSM { return n.fsm }
+
+// Raft returns the underlying Raft instance, for diagnostics and tests.
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// HadExistingState reports whether Raft state was found on disk at start
+// (a restart rather than a first start).
+func (n *Node) HadExistingState() bool { return n.hadState }
+
+// IsLeader reports whether this node is currently the Raft leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Leader returns the current leader's ID and addresses as this node knows
+// them; all empty when no leader is known. grpcAddr may be empty while the
+// leader's address is not yet replicated.
+func (n *Node) Leader() (id, raftAddr, grpcAddr string) {
+	addr, lid := n.raft.LeaderWithID()
+	if lid == "" {
+		return "", "", ""
+	}
+	return string(lid), string(addr), n.grpcAddrOf(string(lid))
+}
+
+// grpcAddrOf looks a node's client address up in the replicated node table,
+// then in the static peers.
+func (n *Node) grpcAddrOf(id string) string {
+	if id == n.cfg.NodeID {
+		return n.cfg.GRPCAddr
+	}
+	if a := n.fsm.Nodes()[id]; a != "" {
+		return a
+	}
+	for _, p := range n.cfg.Peers {
+		if p.ID == id {
+			return p.GRPCAddr
+		}
+	}
+	return ""
+}
+
+func (n *Node) notLeaderError() error {
+	id, raftAddr, grpcAddr := n.Leader()
+	if id == n.cfg.NodeID {
+		// Raft still names us while stepping down.
+		return &NotLeaderError{}
+	}
+	return &NotLeaderError{LeaderID: id, LeaderRaftAddr: raftAddr, LeaderGRPCAddr: grpcAddr}
+}
+
+// Changed returns a channel closed at the next leader change or readiness
+// change (observations may be coalesced: re-read state after it fires).
+func (n *Node) Changed() <-chan struct{} {
+	n.chMu.Lock()
+	defer n.chMu.Unlock()
+	return n.changed
+}
+
+func (n *Node) broadcast() {
+	n.chMu.Lock()
+	close(n.changed)
+	n.changed = make(chan struct{})
+	n.chMu.Unlock()
+}
+
+// WaitLeader blocks until a leader with a known client address is known,
+// or ctx ends (then it returns a *NotLeaderError with no leader).
+func (n *Node) WaitLeader(ctx context.Context) (id, grpcAddr string, err error) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ch := n.Changed()
+		if id, _, grpcAddr := n.Leader(); id != "" && grpcAddr != "" {
+			return id, grpcAddr, nil
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-n.stop:
+			return "", "", ErrShutdown
+		case <-ctx.Done():
+			return "", "", &NotLeaderError{}
+		}
+	}
+}
+
+// WaitReady blocks until this node is a leader that has finished the
+// barrier of its term (nil), is known not to be leader (*NotLeaderError),
+// or ctx ends (ErrNotReady).
+func (n *Node) WaitReady(ctx context.Context) error {
+	for {
+		ch := n.Changed()
+		select {
+		case <-n.stop:
+			return ErrShutdown
+		default:
+		}
+		if n.raft.State() != raft.Leader {
+			return n.notLeaderError()
+		}
+		if t := n.readyTerm.Load(); t != 0 && t == n.raft.CurrentTerm() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-n.stop:
+			return ErrShutdown
+		case <-ctx.Done():
+			return ErrNotReady
+		}
+	}
+}
+
+// healthLag is how far the applied index may trail the commit index for
+// Healthy: a few entries never reach the FSM (no-ops, barriers) and a busy
+// follower is always a little behind.
+const healthLag = 1024
+
+// Healthy reports whether the node can serve: a leader is known, a leader
+// has finished its term barrier, and a follower's state machine is within a
+// few entries of the commit index it knows.
+func (n *Node) Healthy() bool {
+	switch n.raft.State() {
+	case raft.Leader:
+		t := n.readyTerm.Load()
+		return t != 0 && t == n.raft.CurrentTerm()
+	case raft.Follower:
+		if _, lid := n.raft.LeaderWithID(); lid == "" {
+			return false
+		}
+		return n.fsm.AppliedIndex()+healthLag >= n.raft.CommitIndex()
+	}
+	return false
+}
+
+// Member is one server of the Raft configuration.
+type Member struct {
+	ID       string
+	RaftAddr string
+	GRPCAddr string
+	Suffrage string // "voter" or "nonvoter"
+	Leader   bool
+}
+
+// Status is this node's view of the cluster.
+type Status struct {
+	NodeID         string
+	State          string // leader, follower, candidate, shutdown
+	LeaderID       string
+	LeaderRaftAddr string
+	LeaderGRPCAddr string
+	Term           uint64
+	CommitIndex    uint64
+	// AppliedIndex is the FSM's applied index (its effects are stored).
+	AppliedIndex      uint64
+	FirstLogIndex     uint64
+	LastLogIndex      uint64
+	LastSnapshotIndex uint64
+	Members           []Member
+	FSM               fsm.Stats
+}
+
+// Status returns current figures. Members come from the latest Raft
+// configuration, client addresses from the replicated node table.
+func (n *Node) Status() (Status, error) {
+	lid, laddr, lgrpc := n.Leader()
+	s := Status{
+		NodeID:         n.cfg.NodeID,
+		State:          strings.ToLower(n.raft.State().String()),
+		LeaderID:       lid,
+		LeaderRaftAddr: laddr,
+		LeaderGRPCAddr: lgrpc,
+		Term:           n.raft.CurrentTerm(),
+		CommitIndex:    n.raft.CommitIndex(),
+		LastLogIndex:   n.raft.LastIndex(),
+		FSM:            n.fsm.Stats(),
+	}
+	s.AppliedIndex = s.FSM.AppliedIndex
+	if fi, err := n.bolt.FirstIndex(); err == nil {
+		s.FirstLogIndex = fi
+	}
+	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
+		s.LastSnapshotIndex = metas[0].Index
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return s, fmt.Errorf("read raft configuration: %w", err)
+	}
+	for _, srv := range cf.Configuration().Servers {
+		suffrage := "voter"
+		switch srv.Suffrage {
+		case raft.Nonvoter:
+			suffrage = "nonvoter"
+		case raft.Staging:
+			suffrage = "staging"
+		}
+		s.Members = append(s.Members, Member{
+			ID:       string(srv.ID),
+			RaftAddr: string(srv.Address),
+			GRPCAddr: n.grpcAddrOf(string(srv.ID)),
+			Suffrage: suffrage,
+			Leader:   string(srv.ID) == lid,
+		})
+	}
+	return s, nil
+}
+
+// Shutdown stops the node: it hands leadership to another voter first when
+// it leads and has one (bounded by ctx and 5 s), stops the leader loops,
+// fails queued proposals with ErrShutdown, shuts Raft down, closes the
+// transport and every accepted connection, then the FSM and the log store.
+// In-flight proposals end with ErrOutcomeUnknown. Safe to call twice; the
+// second call returns the first result.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.shutOnce.Do(func() {
+		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := waitFuture(tctx, n.raft.LeadershipTransfer()); err != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+			}
+			cancel()
+		}
+		close(n.stop)
+		n.readyTerm.Store(0)
+		var errs []error
+		if err := n.raft.Shutdown().Error(); err != nil {
+			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+		}
+		n.raft.DeregisterObserver(n.observer)
+		n.wg.Wait()
+		n.trans.CloseStreams()
+		if err := n.trans.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close transport: %w", err))
+		}
+		if err := n.stream.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close raft listener: %w", err))
+		}
+		if err := n.fsm.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close fsm: %w", err))
+		}
+		if err := n.bolt.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close raft log: %w", err))
+		}
+		n.shutErr = errors.Join(errs...)
+		n.log.Info("raft node stopped", "err", n.shutErr)
+	})
+	return n.shutErr
+}
+
+func (n *Node) otherVoters() int {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != n.cfg.NodeID {
+			c++
+		}
+	}
+	return c
+}
+
+// waitFuture waits for f or ctx. A future abandoned on ctx still resolves
+// later (raft answers every future by shutdown at the latest).
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
