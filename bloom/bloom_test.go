@@ -1,6 +1,8 @@
 package bloom
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 )
@@ -64,5 +66,36 @@ func TestObservedRateCountsOnlyAbsentLookups(t *testing.T) {
 	}
 	if want := 1.0 / 3; st.ObservedFPRate != want {
 		t.Fatalf("observed rate %v, want %v", st.ObservedFPRate, want)
+	}
+}
+
+func TestSaveLoadRoundTripAndCorruptionRejected(t *testing.T) {
+	f := New(Config{ExpectedPerBucket: 100})
+	for i := range 500 {
+		f.Add(Key{1, uint64(i % 3)}, HashKey(nil, 1, fmt.Appendf(nil, "id-%d", i)))
+	}
+	var buf bytes.Buffer
+	if err := f.Save(&buf, 42); err != nil {
+		t.Fatal(err)
+	}
+	g := New(Config{ExpectedPerBucket: 100})
+	idx, err := g.Load(bytes.NewReader(buf.Bytes()))
+	if err != nil || idx != 42 || !g.Ready() {
+		t.Fatalf("load: idx=%d err=%v ready=%v", idx, err, g.Ready())
+	}
+	for i := range 500 {
+		if !g.MayContain(Key{1, uint64(i % 3)}, HashKey(nil, 1, fmt.Appendf(nil, "id-%d", i))) {
+			t.Fatalf("loaded filters lost id %d", i)
+		}
+	}
+	bad := bytes.Clone(buf.Bytes())
+	bad[len(bad)/2] ^= 1
+	h := New(Config{ExpectedPerBucket: 100})
+	if _, err := h.Load(bytes.NewReader(bad)); !errors.Is(err, ErrBadFilterFile) || h.Ready() {
+		t.Fatalf("corrupt file: err=%v ready=%v", err, h.Ready())
+	}
+	other := New(Config{ExpectedPerBucket: 200})
+	if _, err := other.Load(bytes.NewReader(buf.Bytes())); !errors.Is(err, ErrBadFilterFile) {
+		t.Fatalf("parameter mismatch accepted: %v", err)
 	}
 }

@@ -20,17 +20,23 @@ type background struct {
 	once      sync.Once
 }
 
-// startBackground starts rebuilding the filters from a snapshot of the
-// database and the compactor. REQUIRES: f.mu held or exclusive access, and
+// startBackground starts the compactor and, unless the filters are already
+// ready (loaded from a file that matches the database), rebuilds them from a
+// snapshot of the database. REQUIRES: f.mu held or exclusive access, and
 // f.db open.
 func startBackground(f *FSM) *background {
 	ctx, cancel := context.WithCancel(context.Background())
 	bg := &background{cancel: cancel, compactCh: make(chan []keyRange, 64)}
+	bg.wg.Add(1)
+	go bg.compactor(ctx, f, f.db)
+	if f.filters.Ready() {
+		return bg
+	}
 	// Reset and snapshot together, under the caller's exclusion: entries
 	// applied after this point add to the new filters themselves.
 	f.filters.Reset()
 	snap := f.db.NewSnapshot()
-	bg.wg.Add(2)
+	bg.wg.Add(1)
 	go func() {
 		defer bg.wg.Done()
 		defer snap.Close()
@@ -42,25 +48,25 @@ func startBackground(f *FSM) *background {
 		}
 		f.filters.SetReady(true)
 	}()
-	go func() {
-		defer bg.wg.Done()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case rs := <-bg.compactCh:
-				for _, r := range rs {
-					f.mu.RLock()
-					db := f.db
-					f.mu.RUnlock()
-					if err := db.Compact(ctx, r.start, r.end, false); err != nil && ctx.Err() == nil {
-						f.log.Warn("compaction of dropped range failed", "err", err)
-					}
+	return bg
+}
+
+// compactor compacts dropped ranges of db, which outlives it (the
+// background is stopped before db is closed or swapped).
+func (bg *background) compactor(ctx context.Context, f *FSM, db *storage.DB) {
+	defer bg.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rs := <-bg.compactCh:
+			for _, r := range rs {
+				if err := db.Compact(ctx, r.start, r.end, false); err != nil && ctx.Err() == nil {
+					f.log.Warn("compaction of dropped range failed", "err", err)
 				}
 			}
 		}
-	}()
-	return bg
+	}
 }
 
 // compact queues ranges for compaction without blocking apply; if the queue

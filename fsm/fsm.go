@@ -111,7 +111,58 @@ func (f *FSM) open() error {
 	}
 	f.db = db
 	f.st = st
+	f.loadFilters()
 	f.bg = startBackground(f)
+	return nil
+}
+
+const filtersFile = "bloom.dat"
+
+// loadFilters loads the Bloom filters saved at the last clean shutdown if
+// they cover exactly the persisted applied index; otherwise (missing file,
+// bad checksum, other parameters, stale index) they are discarded and
+// rebuilt in the background.
+func (f *FSM) loadFilters() {
+	f.filters.Reset()
+	path := filepath.Join(f.cfg.Dir, filtersFile)
+	file, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer file.Close()
+	idx, err := f.filters.Load(file)
+	switch {
+	case err != nil:
+		f.log.Warn("discarding saved bloom filters; rebuilding", "err", err)
+	case idx != f.st.applied:
+		f.log.Info("saved bloom filters are stale; rebuilding", "filters_index", idx, "applied_index", f.st.applied)
+		f.filters.Reset()
+	}
+}
+
+// saveFilters writes the filters for the next start (tmp file, fsync,
+// rename). REQUIRES: f.mu held; filters ready.
+func (f *FSM) saveFilters() error {
+	path := filepath.Join(f.cfg.Dir, filtersFile)
+	tmp := path + ".tmp"
+	file, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	err = f.filters.Save(file, f.st.applied)
+	if err == nil {
+		err = file.Sync()
+	}
+	if cerr := file.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("save bloom filters: %w", err)
+	}
 	return nil
 }
 
@@ -237,6 +288,11 @@ func (f *FSM) Close() error {
 	f.persistWG.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.filters.Ready() {
+		if err := f.saveFilters(); err != nil {
+			f.log.Warn("bloom filters not saved; the next start rebuilds them", "err", err)
+		}
+	}
 	return f.db.Close()
 }
 

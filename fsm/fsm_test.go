@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -477,12 +479,49 @@ func waitReady(t *testing.T, f *FSM) {
 	}
 }
 
-func TestBloomRebuiltAfterRestart(t *testing.T) {
+func TestBloomFiltersSavedOnCloseLoadedOnStart(t *testing.T) {
 	h := newHarness(t)
+	waitReady(t, h.f)
 	for i := range 500 {
 		h.mark(t0, fmt.Sprint("r", i), 60_000)
 	}
 	h.reopen()
+	if !h.f.filters.Ready() {
+		t.Fatal("filters saved at a clean close were not loaded at start")
+	}
+	for i := range 500 {
+		wantCode(t, "after restart", h.check(t0+1, fmt.Sprint("r", i)), CodeSeen)
+	}
+}
+
+func TestBloomCorruptSavedFiltersDiscardedAndRebuilt(t *testing.T) {
+	h := newHarness(t)
+	waitReady(t, h.f)
+	for i := range 500 {
+		h.mark(t0, fmt.Sprint("r", i), 60_000)
+	}
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(h.dir, filtersFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(Config{Dir: h.dir, Bloom: bloom.Config{ExpectedPerBucket: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.f = f
+	// Until the rebuild ends reads go to storage, so answers are right
+	// either way.
+	for i := range 500 {
+		wantCode(t, "during rebuild", h.check(t0+1, fmt.Sprint("r", i)), CodeSeen)
+	}
 	waitReady(t, h.f)
 	for i := range 500 {
 		wantCode(t, "after restart", h.check(t0+1, fmt.Sprint("r", i)), CodeSeen)

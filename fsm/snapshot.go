@@ -272,7 +272,8 @@ func (f *FSM) swapIn(dir string) error {
 		return err
 	}
 	os.RemoveAll(old)
-	f.filters.Reset()
+	// Saved filters describe the replaced state: never load them.
+	os.Remove(filepath.Join(f.cfg.Dir, filtersFile))
 	if err := f.open(); err != nil {
 		return err
 	}

@@ -1,0 +1,132 @@
+package bloom
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	bbloom "github.com/bits-and-blooms/bloom/v3"
+)
+
+// File format written by Save (integers big-endian):
+//
+//	magic "DDNBLOM1" | expected per bucket (8) | fp rate (8, float64 bits)
+//	| applied index (8) | chains (8)
+//	chain*: namespace (4) | bucket (8) | segments (4)
+//	        segment*: n (8) | limit (8) | bits-and-blooms filter (WriteTo)
+//	SHA-256 of every preceding byte (32)
+const persistMagic = "DDNBLOM1"
+
+// ErrBadFilterFile is returned by Load for a file whose checksum, magic or
+// parameters do not match; the caller discards it and rebuilds.
+var ErrBadFilterFile = errors.New("bad bloom filter file")
+
+// Save writes every chain and the applied index it covers to w.
+func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(w, h), 1<<20)
+	f.mu.RLock()
+	var hdr [40]byte
+	copy(hdr[:8], persistMagic)
+	binary.BigEndian.PutUint64(hdr[8:], uint64(f.cfg.ExpectedPerBucket))
+	binary.BigEndian.PutUint64(hdr[16:], math.Float64bits(f.cfg.FPRate))
+	binary.BigEndian.PutUint64(hdr[24:], appliedIndex)
+	binary.BigEndian.PutUint64(hdr[32:], uint64(len(f.chains)))
+	bw.Write(hdr[:])
+	var err error
+	for k, c := range f.chains {
+		var ch [16]byte
+		binary.BigEndian.PutUint32(ch[:], k.Namespace)
+		binary.BigEndian.PutUint64(ch[4:], k.Bucket)
+		binary.BigEndian.PutUint32(ch[12:], uint32(len(c.segs)))
+		bw.Write(ch[:])
+		for _, s := range c.segs {
+			var sh [16]byte
+			binary.BigEndian.PutUint64(sh[:], uint64(s.n))
+			binary.BigEndian.PutUint64(sh[8:], uint64(s.limit))
+			bw.Write(sh[:])
+			if _, err = s.f.WriteTo(bw); err != nil {
+				break
+			}
+		}
+	}
+	f.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("save bloom filters: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("save bloom filters: %w", err)
+	}
+	if _, err := w.Write(h.Sum(nil)); err != nil {
+		return fmt.Errorf("save bloom filters: %w", err)
+	}
+	return nil
+}
+
+// Load reads a file written by Save. It succeeds only if the checksum, the
+// magic and the configuration (expected per bucket, FP rate) all match; then
+// it replaces every chain, marks the filters ready and returns the applied
+// index the file covers. The caller must check that index against the
+// store's before trusting the filters. On error the filters are unchanged.
+func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return 0, fmt.Errorf("read bloom filters: %w", err)
+	}
+	if len(data) < 40+32 {
+		return 0, fmt.Errorf("%w: %d bytes", ErrBadFilterFile, len(data))
+	}
+	body, sum := data[:len(data)-32], data[len(data)-32:]
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+		return 0, fmt.Errorf("%w: checksum mismatch", ErrBadFilterFile)
+	}
+	if string(body[:8]) != persistMagic {
+		return 0, fmt.Errorf("%w: magic %q", ErrBadFilterFile, body[:8])
+	}
+	exp := binary.BigEndian.Uint64(body[8:])
+	fp := math.Float64frombits(binary.BigEndian.Uint64(body[16:]))
+	if exp != uint64(f.cfg.ExpectedPerBucket) || fp != f.cfg.FPRate {
+		return 0, fmt.Errorf("%w: parameters %d/%g differ from configured %d/%g", ErrBadFilterFile, exp, fp, f.cfg.ExpectedPerBucket, f.cfg.FPRate)
+	}
+	appliedIndex = binary.BigEndian.Uint64(body[24:])
+	nchains := binary.BigEndian.Uint64(body[32:])
+	rd := bytes.NewReader(body[40:])
+	chains := make(map[Key]*chain, min(nchains, 1<<16))
+	for range nchains {
+		var ch [16]byte
+		if _, err := io.ReadFull(rd, ch[:]); err != nil {
+			return 0, fmt.Errorf("%w: chain header: %v", ErrBadFilterFile, err)
+		}
+		k := Key{Namespace: binary.BigEndian.Uint32(ch[:]), Bucket: binary.BigEndian.Uint64(ch[4:])}
+		nseg := binary.BigEndian.Uint32(ch[12:])
+		if nseg > 64 {
+			return 0, fmt.Errorf("%w: %d segments", ErrBadFilterFile, nseg)
+		}
+		c := &chain{}
+		for range nseg {
+			var sh [16]byte
+			if _, err := io.ReadFull(rd, sh[:]); err != nil {
+				return 0, fmt.Errorf("%w: segment header: %v", ErrBadFilterFile, err)
+			}
+			bf := &bbloom.BloomFilter{}
+			if _, err := bf.ReadFrom(rd); err != nil {
+				return 0, fmt.Errorf("%w: segment: %v", ErrBadFilterFile, err)
+			}
+			c.segs = append(c.segs, segment{f: bf, n: uint(binary.BigEndian.Uint64(sh[:])), limit: uint(binary.BigEndian.Uint64(sh[8:]))})
+		}
+		chains[k] = c
+	}
+	if rd.Len() != 0 {
+		return 0, fmt.Errorf("%w: %d trailing bytes", ErrBadFilterFile, rd.Len())
+	}
+	f.mu.Lock()
+	f.chains = chains
+	f.ready = true
+	f.mu.Unlock()
+	return appliedIndex, nil
+}
