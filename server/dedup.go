@@ -1,0 +1,378 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+// permissive is a namespace with the widest limits: used to check what can
+// be checked without the namespace (a follower may not know it yet).
+var permissive = fsm.NamespaceConfig{Name: "*", MaxTTLMs: fsm.MaxTTLLimitMs, MaxIDBytes: fsm.MaxIDBytesLimit}
+
+// validateBasic checks op as far as possible without its namespace.
+func (s *Server) validateBasic(op *fsm.Op) error {
+	if op.Namespace != "" {
+		if err := fsm.ValidateNamespaceName(op.Namespace); err != nil {
+			return err
+		}
+	}
+	return fsm.Validate(op, &permissive, s.lim)
+}
+
+// prepare validates op against its namespace on the leader and returns the
+// ops to propose: op alone, or, with AutoCreateNamespaces and an unknown
+// namespace, a CreateNamespace first.
+func (s *Server) prepare(op fsm.Op) ([]fsm.Op, bool, error) {
+	name := op.Namespace
+	if name == "" {
+		name = fsm.DefaultNamespace
+	}
+	ns, ok := s.node.FSM().Namespace(name)
+	created := false
+	if !ok {
+		if !s.cfg.AutoCreateNamespaces {
+			return nil, false, fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound)
+		}
+		ns, created = fsm.DefaultNamespaceConfig(name), true
+	}
+	if err := fsm.Validate(&op, &ns, s.lim); err != nil {
+		return nil, false, err
+	}
+	if created {
+		return []fsm.Op{{Kind: fsm.OpCreateNamespace, Namespace: name, Config: ns}, op}, true, nil
+	}
+	return []fsm.Op{op}, false, nil
+}
+
+// write validates op, proposes it on the leader (forwarding with remote
+// from a follower) and returns its item results. Nothing invalid is ever
+// proposed.
+func (s *Server) write(ctx context.Context, op fsm.Op, remote func(context.Context, *grpc.ClientConn) error) ([]fsm.ItemResult, bool, error) {
+	if err := s.validateBasic(&op); err != nil {
+		return nil, false, err
+	}
+	var items []fsm.ItemResult
+	local := false
+	err := s.onLeader(ctx, func(ctx context.Context) error {
+		ops, created, err := s.prepare(op)
+		if err != nil {
+			return err
+		}
+		res, err := s.node.Propose(ctx, ops)
+		if err != nil {
+			return err
+		}
+		if created {
+			if err := res[0].Err; err != nil && !errors.Is(err, fsm.ErrNamespaceExists) {
+				return err
+			}
+		}
+		r := res[len(res)-1]
+		if r.Err != nil {
+			return r.Err
+		}
+		if len(r.Items) != len(op.Items) {
+			return fmt.Errorf("state machine returned %d results for %d items", len(r.Items), len(op.Items))
+		}
+		items, local = r.Items, true
+		return nil
+	}, remote)
+	return items, local, err
+}
+
+func tokenOr(item, req []byte) []byte {
+	if len(item) > 0 {
+		return item
+	}
+	return req
+}
+
+func checkRequestToken(tok []byte) error {
+	if len(tok) > fsm.MaxTokenBytes {
+		return invalidf("request_token", "%d bytes exceed %d", len(tok), fsm.MaxTokenBytes)
+	}
+	return nil
+}
+
+// renameIDField turns fsm's "items[i].id" into "ids[i]" for requests whose
+// IDs are a plain list.
+func renameIDField(err error) error {
+	var inv *fsm.InvalidError
+	if errors.As(err, &inv) && strings.HasPrefix(inv.Field, "items[") && strings.HasSuffix(inv.Field, "].id") {
+		return &fsm.InvalidError{Field: "ids" + strings.TrimSuffix(strings.TrimPrefix(inv.Field, "items"), ".id"), Reason: inv.Reason}
+	}
+	return err
+}
+
+// Mark implements dedupv1.DedupServer.
+func (s *Server) Mark(ctx context.Context, req *dedupv1.MarkRequest) (*dedupv1.MarkResponse, error) {
+	if err := checkRequestToken(req.RequestToken); err != nil {
+		return nil, toStatus(err)
+	}
+	op := fsm.Op{Kind: fsm.OpMark, Namespace: req.Namespace, DurationMs: req.TtlMs, Items: make([]fsm.Item, len(req.Items))}
+	for i, it := range req.Items {
+		op.Items[i] = fsm.Item{ID: it.Id, Digest: it.Digest, Token: tokenOr(it.RequestToken, req.RequestToken)}
+	}
+	var fwd *dedupv1.MarkResponse
+	items, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+		fwd, err = dedupv1.NewDedupClient(cc).Mark(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !local {
+		return fwd, nil
+	}
+	resp := &dedupv1.MarkResponse{Results: make([]*dedupv1.MarkResult, len(items))}
+	for i, r := range items {
+		var code dedupv1.MarkResult_Code
+		switch r.Code {
+		case fsm.CodeNew:
+			code = dedupv1.MarkResult_NEW
+		case fsm.CodeDuplicate:
+			code = dedupv1.MarkResult_DUPLICATE
+		case fsm.CodeConflict:
+			code = dedupv1.MarkResult_CONFLICT
+		default:
+			return nil, toStatus(fmt.Errorf("mark: unexpected result %s for item %d", r.Code, i))
+		}
+		resp.Results[i] = &dedupv1.MarkResult{Code: code, Record: recordPB(r.Record)}
+	}
+	return resp, nil
+}
+
+// Claim implements dedupv1.DedupServer.
+func (s *Server) Claim(ctx context.Context, req *dedupv1.ClaimRequest) (*dedupv1.ClaimResponse, error) {
+	if err := checkRequestToken(req.RequestToken); err != nil {
+		return nil, toStatus(err)
+	}
+	op := fsm.Op{Kind: fsm.OpClaim, Namespace: req.Namespace, DurationMs: req.LeaseMs, Items: make([]fsm.Item, len(req.Items))}
+	for i, it := range req.Items {
+		op.Items[i] = fsm.Item{ID: it.Id, Digest: it.Digest, Token: tokenOr(it.RequestToken, req.RequestToken)}
+	}
+	var fwd *dedupv1.ClaimResponse
+	items, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+		fwd, err = dedupv1.NewDedupClient(cc).Claim(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !local {
+		return fwd, nil
+	}
+	resp := &dedupv1.ClaimResponse{Results: make([]*dedupv1.ClaimResult, len(items))}
+	for i, r := range items {
+		var code dedupv1.ClaimResult_Code
+		switch r.Code {
+		case fsm.CodeAcquired:
+			code = dedupv1.ClaimResult_ACQUIRED
+		case fsm.CodeDuplicate:
+			code = dedupv1.ClaimResult_DUPLICATE
+		case fsm.CodeInProgress:
+			code = dedupv1.ClaimResult_IN_PROGRESS
+		case fsm.CodeConflict:
+			code = dedupv1.ClaimResult_CONFLICT
+		default:
+			return nil, toStatus(fmt.Errorf("claim: unexpected result %s for item %d", r.Code, i))
+		}
+		resp.Results[i] = &dedupv1.ClaimResult{Code: code, Record: recordPB(r.Record)}
+	}
+	return resp, nil
+}
+
+// leaseOp runs Commit, Renew or Release.
+func (s *Server) leaseOp(ctx context.Context, kind fsm.OpKind, ns string, durationMs int64, items []*dedupv1.LeaseItem,
+	fwdCall func(context.Context, dedupv1.DedupClient) (*dedupv1.LeaseResponse, error)) (*dedupv1.LeaseResponse, error) {
+	op := fsm.Op{Kind: kind, Namespace: ns, DurationMs: durationMs, Items: make([]fsm.Item, len(items))}
+	for i, it := range items {
+		op.Items[i] = fsm.Item{ID: it.Id, Fence: it.FencingToken}
+	}
+	var fwd *dedupv1.LeaseResponse
+	res, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+		fwd, err = fwdCall(ctx, dedupv1.NewDedupClient(cc))
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !local {
+		return fwd, nil
+	}
+	resp := &dedupv1.LeaseResponse{Results: make([]*dedupv1.LeaseResult, len(res))}
+	for i, r := range res {
+		var code dedupv1.LeaseResult_Code
+		switch r.Code {
+		case fsm.CodeOK:
+			code = dedupv1.LeaseResult_OK
+		case fsm.CodeLeaseLost:
+			code = dedupv1.LeaseResult_LEASE_LOST
+		default:
+			return nil, toStatus(fmt.Errorf("%s: unexpected result %s for item %d", kind, r.Code, i))
+		}
+		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record)}
+	}
+	return resp, nil
+}
+
+// Commit implements dedupv1.DedupServer.
+func (s *Server) Commit(ctx context.Context, req *dedupv1.CommitRequest) (*dedupv1.LeaseResponse, error) {
+	return s.leaseOp(ctx, fsm.OpCommit, req.Namespace, req.TtlMs, req.Items,
+		func(ctx context.Context, c dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+			return c.Commit(ctx, req)
+		})
+}
+
+// Renew implements dedupv1.DedupServer.
+func (s *Server) Renew(ctx context.Context, req *dedupv1.RenewRequest) (*dedupv1.LeaseResponse, error) {
+	return s.leaseOp(ctx, fsm.OpRenew, req.Namespace, req.LeaseMs, req.Items,
+		func(ctx context.Context, c dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+			return c.Renew(ctx, req)
+		})
+}
+
+// Release implements dedupv1.DedupServer.
+func (s *Server) Release(ctx context.Context, req *dedupv1.ReleaseRequest) (*dedupv1.LeaseResponse, error) {
+	return s.leaseOp(ctx, fsm.OpRelease, req.Namespace, 0, req.Items,
+		func(ctx context.Context, c dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+			return c.Release(ctx, req)
+		})
+}
+
+// Forget implements dedupv1.DedupServer.
+func (s *Server) Forget(ctx context.Context, req *dedupv1.ForgetRequest) (*dedupv1.ForgetResponse, error) {
+	op := fsm.Op{Kind: fsm.OpForget, Namespace: req.Namespace, Items: make([]fsm.Item, len(req.Ids))}
+	for i, id := range req.Ids {
+		op.Items[i] = fsm.Item{ID: id}
+	}
+	var fwd *dedupv1.ForgetResponse
+	res, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+		fwd, err = dedupv1.NewDedupClient(cc).Forget(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(renameIDField(err))
+	}
+	if !local {
+		return fwd, nil
+	}
+	resp := &dedupv1.ForgetResponse{Results: make([]*dedupv1.ForgetResult, len(res))}
+	for i := range res {
+		resp.Results[i] = &dedupv1.ForgetResult{Code: dedupv1.ForgetResult_OK}
+	}
+	return resp, nil
+}
+
+// Check implements dedupv1.DedupServer. Linearizable by default (read
+// index from the leader, then wait until applied here); STALE answers from
+// this node's state as it is.
+func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1.CheckResponse, error) {
+	if err := s.validateCheck(req, nil); err != nil {
+		return nil, toStatus(err)
+	}
+	switch req.Consistency {
+	case dedupv1.Consistency_CONSISTENCY_STALE:
+	case dedupv1.Consistency_CONSISTENCY_UNSPECIFIED, dedupv1.Consistency_CONSISTENCY_LINEARIZABLE:
+		if err := s.linearize(ctx); err != nil {
+			return nil, toStatus(err)
+		}
+	default:
+		return nil, toStatus(invalidf("consistency", "unknown value %d", req.Consistency))
+	}
+	f := s.node.FSM()
+	name := req.Namespace
+	if name == "" {
+		name = fsm.DefaultNamespace
+	}
+	applied := f.AppliedIndex()
+	ns, ok := f.Namespace(name)
+	if !ok {
+		if s.cfg.AutoCreateNamespaces {
+			// Nothing can be recorded in a namespace that does not exist.
+			resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(req.Ids)), AppliedIndex: applied}
+			for i := range resp.Results {
+				resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_NOT_SEEN}
+			}
+			return resp, nil
+		}
+		return nil, toStatus(fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound))
+	}
+	if err := s.validateCheck(req, &ns); err != nil {
+		return nil, toStatus(err)
+	}
+	now := max(time.Now().UnixMilli(), f.LastTimestamp())
+	res, err := f.Check(name, req.Ids, now)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(res)), AppliedIndex: applied}
+	for i, r := range res {
+		switch r.Code {
+		case fsm.CodeSeen:
+			resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_SEEN, Record: recordPB(r.Record)}
+		case fsm.CodeNotSeen:
+			resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_NOT_SEEN}
+		default:
+			return nil, toStatus(fmt.Errorf("check: unexpected result %s for item %d", r.Code, i))
+		}
+	}
+	return resp, nil
+}
+
+// validateCheck checks a Check request; with ns nil only what needs no
+// namespace.
+func (s *Server) validateCheck(req *dedupv1.CheckRequest, ns *fsm.NamespaceConfig) error {
+	if req.Namespace != "" {
+		if err := fsm.ValidateNamespaceName(req.Namespace); err != nil {
+			return err
+		}
+	}
+	if len(req.Ids) == 0 {
+		return invalidf("ids", "at least one ID is required")
+	}
+	if len(req.Ids) > s.lim.MaxBatch {
+		return invalidf("ids", "%d IDs exceed the maximum batch of %d", len(req.Ids), s.lim.MaxBatch)
+	}
+	limit, name := fsm.MaxIDBytesLimit, ""
+	if ns != nil {
+		limit, name = ns.MaxIDBytes, ns.Name
+	}
+	for i, id := range req.Ids {
+		if len(id) == 0 {
+			return invalidf(fmt.Sprintf("ids[%d]", i), "empty message ID")
+		}
+		if len(id) > limit {
+			return invalidf(fmt.Sprintf("ids[%d]", i), "%d bytes exceed the namespace %q limit of %d", len(id), name, limit)
+		}
+	}
+	return nil
+}
+
+func recordPB(r fsm.Record) *dedupv1.Record {
+	var st dedupv1.RecordState
+	switch r.State {
+	case fsm.StateCommitted:
+		st = dedupv1.RecordState_RECORD_STATE_COMMITTED
+	case fsm.StateLeased:
+		st = dedupv1.RecordState_RECORD_STATE_LEASED
+	default:
+		return nil
+	}
+	return &dedupv1.Record{
+		State:           st,
+		FirstSeenUnixMs: r.FirstSeenMs,
+		ExpiresUnixMs:   r.ExpiresMs,
+		RequestToken:    r.Token,
+		Digest:          r.Digest,
+		FencingToken:    r.Fence,
+	}
+}
