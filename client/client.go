@@ -12,11 +12,16 @@ import (
 	"time"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
+
+// maxRecvBytes bounds one reply: a full batch of 10 000 results with their
+// records is a few MiB, above gRPC's default of 4 MiB.
+const maxRecvBytes = 64 << 20
 
 // ErrClosed is returned by calls on a closed Client.
 var ErrClosed = errors.New("dedupnode client: closed")
@@ -114,7 +119,10 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, c.opts.dialOpts...)
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+	}, c.opts.dialOpts...)
 	cc, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("dedupnode client: dial %s: %w", addr, err)
@@ -266,6 +274,29 @@ func retryable(ctx context.Context, err error) bool {
 	return false
 }
 
+// hint adopts the leader named in a NOT_LEADER error's details, so the next
+// attempt goes there without a discovery round.
+func (c *Client) hint(err error) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != "dedupnode" {
+			continue
+		}
+		if a := info.GetMetadata()["leader_grpc_addr"]; a != "" {
+			c.mu.Lock()
+			if !slices.Contains(c.addrs, a) {
+				c.addrs = append(c.addrs, a)
+			}
+			c.leader = a
+			c.mu.Unlock()
+		}
+	}
+}
+
 // IsRetryable reports whether err is one the client itself retries
 // (Unavailable, Aborted, an attempt timeout): seeing it from a call means
 // the attempts or the caller's deadline ran out, and trying again later may
@@ -318,6 +349,7 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 			break
 		}
 		c.failed(addr)
+		c.hint(err)
 		if attempt >= c.opts.maxAttempts {
 			break
 		}

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/spf13/cobra"
+)
+
+// firstStatus returns the view of the first node in --addr order that
+// answers.
+func firstStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
+	c, err := f.dial(e.ctx, cmd)
+	if err != nil {
+		return client.Status{}, explain(err, f, "")
+	}
+	defer c.Close()
+	ctx, cancel := f.withTimeout(e.ctx)
+	defer cancel()
+	var errs []error
+	for _, a := range f.addrs {
+		st, err := c.StatusOf(ctx, a)
+		if err == nil {
+			return st, nil
+		}
+		errs = append(errs, err)
+	}
+	// None of the given addresses answered at once: let the client retry
+	// across every node it knows until --timeout.
+	st, err := c.Status(ctx)
+	if err != nil {
+		return client.Status{}, explain(errors.Join(append(errs, err)...), f, "")
+	}
+	return st, nil
+}
+
+func newStatusCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	cmd := &cobra.Command{
+		Use:   "status [flags]",
+		Short: "Show the leader, Raft indexes, members, IDs stored and Bloom filter figures",
+		Long: `Status prints the cluster as seen by the first node of --addr that answers:
+its role, the leader, the Raft term and commit/applied indexes, the members
+with their suffrage (voter or nonvoter), the number of IDs stored and the
+Bloom filter figures (memory, bits per ID, configured and observed
+false-positive rate). --output json prints one JSON object with node_id,
+state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
+members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.`,
+		Example: strings.ReplaceAll(`  dedupnode status --addr 127.0.0.1:7070
+  dedupnode status --output json | jq -r .leader_id`, "dedupnode ", e.progName+" "),
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := f.validate(cmd); err != nil {
+				return err
+			}
+			st, err := firstStatus(e, cmd, f)
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return writeJSON(e.stdout, statusJSON(st))
+			}
+			printStatus(e.stdout, st)
+			return nil
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// statusJSONShape is client.Status with the leader time omitted when
+// unknown.
+type statusJSONShape struct {
+	client.Status
+	LeaderTime string `json:"leader_time,omitempty"`
+}
+
+func statusJSON(st client.Status) statusJSONShape {
+	out := statusJSONShape{Status: st}
+	if !st.LeaderTime.IsZero() {
+		out.LeaderTime = st.LeaderTime.Format(timeLayout)
+	}
+	if out.Members == nil {
+		out.Members = []client.Member{}
+	}
+	return out
+}
+
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func printStatus(w io.Writer, st client.Status) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	leader := st.LeaderID
+	if leader == "" {
+		leader = "(none: election in progress or no quorum)"
+	} else if st.LeaderGRPCAddr != "" {
+		leader += " at " + st.LeaderGRPCAddr
+	}
+	fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
+	fmt.Fprintf(tw, "leader\t%s\n", leader)
+	fmt.Fprintf(tw, "term\t%d\n", st.Term)
+	fmt.Fprintf(tw, "commit index\t%d\n", st.CommitIndex)
+	fmt.Fprintf(tw, "applied index\t%d\n", st.AppliedIndex)
+	fmt.Fprintf(tw, "last snapshot\t%d\n", st.LastSnapshotIndex)
+	fmt.Fprintf(tw, "ids stored\t%d (in %d expiry buckets)\n", st.IDsStored, st.Buckets)
+	b := st.Bloom
+	ready := "ready"
+	if !b.Ready {
+		ready = "rebuilding (reads go to storage)"
+	}
+	fmt.Fprintf(tw, "bloom\t%s, %d filters, %s, %d ids, %.1f bits/id\n", ready, b.Filters, humanBytes(b.MemoryBytes), b.IDs, b.BitsPerID)
+	fmt.Fprintf(tw, "bloom fp rate\tconfigured %.2f%%, observed %.2f%% (%d false of %d maybe lookups)\n",
+		100*b.ConfiguredFPRate, 100*b.ObservedFPRate, b.FalsePositives, b.MaybeLookups)
+	tw.Flush()
+	fmt.Fprintln(w)
+	printMembers(w, st.Members)
+}
+
+func printMembers(w io.Writer, ms []client.Member) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSUFFRAGE\tRAFT ADDR\tGRPC ADDR\tLEADER")
+	for _, m := range ms {
+		l := ""
+		if m.Leader {
+			l = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ID, m.Suffrage, m.RaftAddr, m.GRPCAddr, l)
+	}
+	tw.Flush()
+}
+
+func humanBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func newMembersCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	cmd := &cobra.Command{
+		Use:   "members [flags]",
+		Short: "List the cluster's members with their addresses and suffrage",
+		Long: `Members lists the nodes of the Raft configuration: ID, suffrage (voter or
+nonvoter: a joined node votes once it has caught up), Raft and gRPC
+addresses, and which one leads. --output json prints one object per member.`,
+		Example: strings.ReplaceAll(`  dedupnode members --addr 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := f.validate(cmd); err != nil {
+				return err
+			}
+			st, err := firstStatus(e, cmd, f)
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				for _, m := range st.Members {
+					if err := writeJSON(e.stdout, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			printMembers(e.stdout, st.Members)
+			return nil
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func newJoinCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	var id, raftAddr, grpcAddr string
+	cmd := &cobra.Command{
+		Use:   "join --node-id ID --raft-addr HOST:PORT --grpc-addr HOST:PORT [flags]",
+		Short: "Add a running node to the cluster (as a non-voter, promoted once caught up)",
+		Long: `Join asks the cluster at --addr to add the node with the given ID and
+addresses. The node enters as a non-voter and the leader promotes it to
+voter once it has caught up. A node started with 'serve --join ADDR' does
+this by itself; use this command for nodes started without it.`,
+		Example: strings.ReplaceAll(`  dedupnode join --addr 127.0.0.1:7070 --node-id n4 --raft-addr 10.0.0.4:7000 --grpc-addr 10.0.0.4:7070`, "dedupnode ", e.progName+" "),
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if id == "" || raftAddr == "" || grpcAddr == "" {
+				return usagef("--node-id, --raft-addr and --grpc-addr are all required")
+			}
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			defer c.Close()
+			ctx, cancel := f.withTimeout(e.ctx)
+			defer cancel()
+			if err := c.Join(ctx, id, raftAddr, grpcAddr); err != nil {
+				return explain(err, f, "")
+			}
+			return report(e.stdout, f.output, map[string]any{"joined": id, "raft_addr": raftAddr, "grpc_addr": grpcAddr},
+				"%s joined as a non-voter; it becomes a voter once caught up (see '%s members')", id, e.progName)
+		}),
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&id, "node-id", "", "`ID` of the node to add (unique across all time)")
+	cmd.Flags().StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` of the node, as the others reach it")
+	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "", "gRPC `HOST:PORT` of the node, as clients reach it")
+	return cmd
+}
+
+func newRemoveCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	cmd := &cobra.Command{
+		Use:   "remove [flags] NODE_ID",
+		Short: "Remove a node from the cluster's configuration",
+		Long: `Remove takes a node out of the Raft configuration, for example a machine
+that is gone for good. Remove one node at a time and keep a majority of the
+remaining voters up. A removed node's ID must not be reused.`,
+		Example: strings.ReplaceAll(`  dedupnode remove --addr 127.0.0.1:7070 n3`, "dedupnode ", e.progName+" "),
+		Args:    cobra.ExactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			defer c.Close()
+			ctx, cancel := f.withTimeout(e.ctx)
+			defer cancel()
+			if err := c.Remove(ctx, args[0]); err != nil {
+				return explain(err, f, "")
+			}
+			return report(e.stdout, f.output, map[string]any{"removed": args[0]}, "%s removed", args[0])
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func newTransferLeaderCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	cmd := &cobra.Command{
+		Use:   "transfer-leader [flags] [NODE_ID]",
+		Short: "Hand leadership to another voter (before maintenance on the leader)",
+		Long: `Transfer-leader asks the current leader to hand leadership to the voter
+NODE_ID, or, without NODE_ID, to the most up-to-date voter. Writes pause
+for the moment of the hand-over and clients follow the new leader.`,
+		Example: strings.ReplaceAll(`  dedupnode transfer-leader --addr 127.0.0.1:7070
+  dedupnode transfer-leader n2`, "dedupnode ", e.progName+" "),
+		Args: cobra.MaximumNArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			target := ""
+			if len(args) == 1 {
+				target = args[0]
+			}
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			defer c.Close()
+			ctx, cancel := f.withTimeout(e.ctx)
+			defer cancel()
+			leader, err := c.TransferLeadership(ctx, target)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			return report(e.stdout, f.output, map[string]any{"new_leader_id": leader}, "leader is now %s", leader)
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// report prints a one-line outcome: v as JSON, or the formatted text.
+func report(w io.Writer, format string, v any, text string, args ...any) error {
+	if format == "json" {
+		return writeJSON(w, v)
+	}
+	_, err := fmt.Fprintf(w, text+"\n", args...)
+	return err
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dedupnode/dedupnode/bench"
+)
+
+const benchLong = `Bench drives a running cluster with one workload and reports throughput
+(IDs/s and calls/s) and call latency (p50, p90, p99, p99.9 from an HDR
+histogram). Every loop is bounded: by --duration (default 10s) or by
+--count IDs, and never longer than --max-time.
+
+Workloads:
+  mark-new      Mark fresh random IDs; every answer should be NEW
+  mark-mixed    Mark IDs of which --duplicate-ratio repeat earlier ones
+  check-hit     Check IDs marked in a preload phase (--preload); all SEEN
+  check-miss    Check fresh random IDs; every answer should be NOT_SEEN
+  claim-commit  Claim fresh IDs, then Commit the leases (2 calls per batch)
+
+Answers that contradict the workload (a DUPLICATE for a fresh ID, a
+NOT_SEEN for a marked one) are counted as "unexpected" and make the command
+exit with status 1 after printing the results.
+
+The namespace (default "bench") is created when missing, with --ttl as its
+default TTL. For the side-by-side comparison with Redis, PostgreSQL, etcd
+and NATS see scripts/bench-peers.sh.`
+
+const benchExample = `  dedupnode dev &    # prints "addrs: a,b,c"
+  dedupnode bench --addr 127.0.0.1:7070 --workload mark-new --duration 10s
+  dedupnode bench --addr 127.0.0.1:7070 --workload check-miss --batch 1 --concurrency 50 --output json
+  dedupnode bench --addr 127.0.0.1:7070 --workload mark-mixed --duplicate-ratio 0.2 --count 1000000`
+
+// newBenchCmd returns `dedupnode bench`.
+func newBenchCmd() *cobra.Command {
+	var (
+		cfg        bench.Config
+		addrs      []string
+		output     string
+		noProgress bool
+		ttl        = 24 * time.Hour
+	)
+	cmd := &cobra.Command{
+		Use:     "bench [--workload] WORKLOAD [flags]",
+		Short:   "Measure a cluster's throughput and latency with a synthetic workload",
+		Long:    benchLong,
+		Example: benchExample,
+		Args:    cobra.MaximumNArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd.Flags(), "addr"); err != nil {
+				return err
+			}
+			if len(args) == 1 {
+				if cmd.Flags().Changed("workload") && args[0] != cfg.Workload {
+					return usagef("workload given twice: %q and --workload %q", args[0], cfg.Workload)
+				}
+				cfg.Workload = args[0]
+			}
+			for _, a := range addrs {
+				if a = strings.TrimSpace(a); a != "" {
+					cfg.Addrs = append(cfg.Addrs, a)
+				}
+			}
+			if len(cfg.Addrs) == 0 {
+				return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr 127.0.0.1:7070")
+			}
+			if output != "text" && output != "json" {
+				return usagef("--output %q: want text or json", output)
+			}
+			if cmd.Flags().Changed("duration") && cmd.Flags().Changed("count") {
+				return usagef("give --duration or --count, not both")
+			}
+			if cfg.Count > 0 {
+				cfg.Duration = 0
+			}
+			if cfg.Concurrency < 1 || cfg.Batch < 1 || cfg.IDSize < 1 {
+				return usagef("--concurrency, --batch and --id-size must be at least 1")
+			}
+			if cfg.Count < 0 || cfg.Duration < 0 || cfg.Warmup < 0 {
+				return usagef("--count, --duration and --warmup must not be negative")
+			}
+			cfg.TTL = ttl
+			if !noProgress {
+				cfg.Progress = cmd.ErrOrStderr()
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			res, err := bench.Run(ctx, cfg)
+			if err != nil {
+				if strings.Contains(err.Error(), "unknown workload") || strings.Contains(err.Error(), "unknown consistency") ||
+					strings.Contains(err.Error(), "unknown target") || strings.Contains(err.Error(), "duplicate ratio") {
+					return usagef("%v", err)
+				}
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if output == "json" {
+				err = res.WriteJSON(out)
+			} else {
+				err = res.WriteTable(out)
+			}
+			if err != nil {
+				return err
+			}
+			switch {
+			case res.IDs == 0 && res.Errors > 0:
+				return fmt.Errorf("every call failed (%d errors); %s", res.Errors, res.Note)
+			case res.IDs == 0:
+				return fmt.Errorf("no call completed in the measured window")
+			case res.Unexpected > 0:
+				return fmt.Errorf("%d answers contradict the %s workload", res.Unexpected, res.Workload)
+			}
+			return nil
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringSliceVar(&addrs, "addr", []string{"127.0.0.1:7070"},
+		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR)")
+	fs.StringVarP(&cfg.Namespace, "namespace", "n", "bench", "`NAMESPACE` to write into (created when missing, see --create-namespace)")
+	fs.StringVarP(&cfg.Workload, "workload", "w", bench.MarkNew, "`WORKLOAD`: "+strings.Join(bench.Workloads, ", "))
+	fs.IntVarP(&cfg.Concurrency, "concurrency", "c", 50, "concurrent callers (`N`), each with one call in flight")
+	fs.IntVarP(&cfg.Batch, "batch", "b", 16, "IDs per call (`N`)")
+	fs.IntVar(&cfg.IDSize, "id-size", 16, "bytes per random ID (`N`)")
+	fs.DurationVarP(&cfg.Duration, "duration", "d", 10*time.Second, "measure for this `DURATION`")
+	fs.Int64Var(&cfg.Count, "count", 0, "measure until `N` IDs were sent (instead of --duration)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run this `DURATION` of load before measuring")
+	fs.DurationVar(&cfg.MaxTime, "max-time", 0, "hard limit on the whole run (default: warm-up + duration + 30s, or 10m with --count)")
+	fs.Float64Var(&cfg.DuplicateRatio, "duplicate-ratio", 0.5, "mark-mixed: share (`0..1`) of IDs that repeat earlier ones")
+	fs.StringVar(&cfg.Consistency, "consistency", "linearizable", "check-*: linearizable or stale")
+	fs.Var(durationValue{&ttl}, "ttl", "TTL of marked IDs (`DURATION`, e.g. 1d, 90m)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "deadline of one call (`DURATION`)")
+	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections per address (`N`)")
+	fs.IntVar(&cfg.Preload, "preload", 100000, "check-hit: IDs marked before measuring (`N`)")
+	fs.StringVar(&cfg.Target, "target", "leader", "writes go to the leader (as the client package does) or to any of --addr")
+	fs.BoolVar(&cfg.CreateNamespace, "create-namespace", true, "create --namespace when the cluster does not know it")
+	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (a table) or json (one object)")
+	fs.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	return cmd
+}

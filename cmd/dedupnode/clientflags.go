@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const defaultAddr = "127.0.0.1:7070"
+
+// clientFlags are the flags every command that talks to a cluster shares.
+type clientFlags struct {
+	addrs   []string
+	timeout time.Duration
+	output  string
+}
+
+func (f *clientFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringSliceVar(&f.addrs, "addr", []string{defaultAddr},
+		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR); one reachable node is enough, writes are routed to the leader")
+	fs.DurationVar(&f.timeout, "timeout", 15*time.Second,
+		"give up a request (one batch, with its retries) after this `DURATION`")
+	fs.StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text (tab-separated, one line per item) or json (one object per line)")
+}
+
+func (f *clientFlags) validate(cmd *cobra.Command) error {
+	if err := applyEnv(cmd.Flags(), "addr"); err != nil {
+		return err
+	}
+	if f.output != "text" && f.output != "json" {
+		return usagef("--output %q: want text or json", f.output)
+	}
+	if len(f.addrs) == 0 {
+		return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", defaultAddr)
+	}
+	for i, a := range f.addrs {
+		a = strings.TrimSpace(a)
+		f.addrs[i] = a
+		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
+			return usagef("--addr %q: want HOST:PORT, e.g. %s", a, defaultAddr)
+		}
+	}
+	if f.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	return nil
+}
+
+// dial validates the flags and creates a client. A client retries for at
+// most the request timeout.
+func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Client, error) {
+	if err := f.validate(cmd); err != nil {
+		return nil, err
+	}
+	// Discovery at start is bounded by a short deadline: calls retry anyway.
+	dctx, cancel := context.WithTimeout(ctx, min(f.timeout, 2*time.Second))
+	defer cancel()
+	return client.New(dctx, f.addrs,
+		client.WithTimeout(min(f.timeout, 10*time.Second)),
+		client.WithRetry(1000, 50*time.Millisecond, time.Second))
+}
+
+// withTimeout bounds one request with its retries.
+func (f *clientFlags) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, f.timeout)
+}
+
+// explain turns a client error into an operational error with a hint
+// saying what to do.
+func explain(err error, f *clientFlags, namespace string) error {
+	if err == nil {
+		return nil
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return err
+	}
+	st, _ := status.FromError(err)
+	msg := st.Message()
+	if msg == "" {
+		msg = err.Error()
+	}
+	addrs := strings.Join(f.addrs, ",")
+	switch {
+	case errors.Is(err, context.Canceled):
+		return &opError{err: errors.New("interrupted"), hint: "nothing more was sent; re-run to finish (writes already sent are safe to repeat)"}
+	case errors.Is(err, context.DeadlineExceeded) && st.Code() != codes.Unavailable:
+		return &opError{err: fmt.Errorf("no answer within --timeout %s (%s)", f.timeout, msg),
+			hint: fmt.Sprintf("check that a majority of nodes is up with 'dedupnode status --addr %s', or raise --timeout", addrs)}
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return &opError{err: fmt.Errorf("cluster at %s unavailable: %s", addrs, msg),
+			hint: "start nodes (e.g. 'dedupnode dev'), pass --addr HOST:PORT of a running node, or wait for a leader (see 'dedupnode status')"}
+	case codes.NotFound:
+		if namespace != "" && strings.Contains(msg, "namespace") {
+			return &opError{err: errors.New(msg),
+				hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' or list them with 'dedupnode namespace list'", namespace)}
+		}
+		return &opError{err: errors.New(msg), hint: "check the name"}
+	case codes.InvalidArgument, codes.OutOfRange:
+		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "fix the input and retry"}
+	case codes.ResourceExhausted:
+		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "send fewer IDs per request (--batch)"}
+	case codes.AlreadyExists:
+		return &opError{err: errors.New(msg), hint: "use 'update' to change it, or pick another name"}
+	case codes.FailedPrecondition:
+		return &opError{err: errors.New(msg), hint: "see 'dedupnode status' for the cluster's state"}
+	case codes.Unimplemented:
+		return &opError{err: fmt.Errorf("the node does not support this call: %s", msg), hint: "check that --addr points to a dedupnode gRPC port of the same version"}
+	}
+	return &opError{err: errors.New(msg), hint: "see 'dedupnode status' and the node logs"}
+}
+
+// durationValue is a pflag.Value for durations that also accepts a "d"
+// (24 h) unit, as in "7d" or "1d12h".
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil || *v.d == 0 {
+		return "0s"
+	}
+	return fmtDuration(*v.d)
+}
+func (v durationValue) Type() string { return "duration" }
+func (v durationValue) Set(s string) error {
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	return nil
+}
+
+// parseDuration parses a Go duration ("90s", "1h30m") with an optional
+// leading whole number of days ("7d", "1d12h"). Negative values are refused.
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	var days time.Duration
+	if i := strings.IndexByte(s, 'd'); i > 0 {
+		n, err := strconv.Atoi(s[:i])
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 24h, 7d", s)
+		}
+		days = time.Duration(n) * 24 * time.Hour
+		s = s[i+1:]
+		if s == "" {
+			s = "0s"
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 24h, 7d", s)
+	}
+	d += days
+	if d < 0 {
+		return 0, fmt.Errorf("negative duration %q", s)
+	}
+	return d, nil
+}
+
+// fmtDuration prints a duration compactly, whole days as "d" and without
+// zero trailing units: "7d", "1d12h", "5m", "1h30m", "30s", "1.5s".
+func fmtDuration(d time.Duration) string {
+	if d == 0 {
+		return "0s"
+	}
+	var b strings.Builder
+	if days := d / (24 * time.Hour); days > 0 {
+		b.WriteString(strconv.FormatInt(int64(days), 10) + "d")
+		d -= days * 24 * time.Hour
+	}
+	if d > 0 {
+		s := d.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}

@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/server"
+	"github.com/spf13/cobra"
+)
+
+// Dev cluster port layout: node i (0-based) serves gRPC on base+i and Raft
+// on base+devRaftOffset+i.
+const (
+	devDefaultBasePort = 7070
+	devRaftOffset      = 100
+	devMaxNodes        = 9
+	devPortsFile       = "dev-ports.json"
+)
+
+type devFlags struct {
+	nodes     int
+	dataDir   string
+	basePort  int
+	maxBatch  int
+	logLevel  string
+	logFormat string
+}
+
+const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
+namespaces created on first use, and prints the nodes' addresses: one line
+starts with "addrs: " followed by the comma-separated gRPC addresses, ready
+for --addr. Ctrl-C stops every node cleanly.
+
+Ports: node i (counting from 0) serves gRPC on BASE+i and Raft on
+BASE+100+i, so the default cluster is 127.0.0.1:7070-7072 (gRPC) and
+127.0.0.1:7170-7172 (Raft). --base-port 0 takes free ports from the OS (kept
+in DIR/dev-ports.json, so a restart with the same --data-dir reuses them).
+
+Without --data-dir the data lives in a fresh temporary folder, deleted on
+exit. With --data-dir it is kept and a later run with the same folder starts
+from it (node i in DIR/n<i+1>).`
+
+func newDevCmd(e *env) *cobra.Command {
+	f := &devFlags{}
+	cmd := &cobra.Command{
+		Use:   "dev [--nodes 3] [--data-dir DIR] [--base-port 7070]",
+		Short: "Run a local N-node cluster in one process (for trying dedupnode out and for tests)",
+		Long:  devLong,
+		Example: strings.ReplaceAll(`  dedupnode dev
+  dedupnode dev --nodes 5 --base-port 8070
+  dedupnode dev --data-dir /tmp/dd --base-port 0`, "dedupnode ", e.progName+" "),
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format"); err != nil {
+				return err
+			}
+			return runDev(e, f)
+		}),
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&f.nodes, "nodes", 3, fmt.Sprintf("number of nodes, 1 to %d", devMaxNodes))
+	fs.StringVar(&f.dataDir, "data-dir", "", "keep the nodes' data in `DIR` (default: a temporary folder deleted on exit)")
+	fs.IntVar(&f.basePort, "base-port", devDefaultBasePort, "gRPC `PORT` of the first node; node i uses PORT+i (gRPC) and PORT+100+i (Raft); 0 = free ports from the OS")
+	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs accepted in one request")
+	fs.StringVar(&f.logLevel, "log-level", "warn", "node log `LEVEL` on stderr: debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
+	return cmd
+}
+
+// devNode is one node's addresses.
+type devNode struct {
+	ID   string `json:"id"`
+	GRPC string `json:"grpc"`
+	Raft string `json:"raft"`
+}
+
+func runDev(e *env, f *devFlags) (err error) {
+	if f.nodes < 1 || f.nodes > devMaxNodes {
+		return usagef("--nodes %d: want 1 to %d", f.nodes, devMaxNodes)
+	}
+	if f.basePort < 0 || f.basePort > 65535-devRaftOffset-devMaxNodes {
+		return usagef("--base-port %d: want 0 (any free ports) or 1 to %d", f.basePort, 65535-devRaftOffset-devMaxNodes)
+	}
+	if f.maxBatch < 1 {
+		return usagef("--max-batch must be at least 1")
+	}
+	logger, err := newLogger(e.stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+
+	dir, temp := f.dataDir, false
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "dedupnode-dev-"); err != nil {
+			return &opError{err: err, hint: "check that the temporary folder ($TMPDIR) is writable, or pass --data-dir"}
+		}
+		temp = true
+		defer func() {
+			if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+				err = &opError{err: rerr, hint: "delete " + dir + " by hand"}
+			}
+		}()
+	} else if err = os.MkdirAll(dir, 0o755); err != nil {
+		return &opError{err: err, hint: "pass a --data-dir you can write to"}
+	}
+
+	nodes, lns, err := devLayout(dir, f.nodes, f.basePort)
+	if err != nil {
+		return err
+	}
+	peers := make([]cluster.Peer, len(nodes))
+	for i, n := range nodes {
+		peers[i] = cluster.Peer{ID: n.ID, RaftAddr: n.Raft, GRPCAddr: n.GRPC}
+	}
+
+	// Start every node at once: with a static peer list each waits for the
+	// others to elect a leader.
+	servers := make([]*server.Server, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := server.Config{
+				Cluster: cluster.Config{
+					NodeID:   n.ID,
+					DataDir:  filepath.Join(dir, n.ID),
+					RaftAddr: n.Raft,
+					GRPCAddr: n.GRPC,
+					Peers:    peers,
+					Logger:   logger.With("node", n.ID),
+				},
+				ListenAddr:           n.GRPC,
+				AutoCreateNamespaces: true,
+				MaxBatch:             f.maxBatch,
+			}
+			if lns != nil { // ports taken from the OS: hand over the bound sockets
+				cfg.Listener, cfg.Cluster.RaftListener = lns[2*i], lns[2*i+1]
+			}
+			servers[i], errs[i] = server.Start(e.ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	defer stopServers(servers, logger)
+	if err := errors.Join(errs...); err != nil {
+		hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
+		return &opError{err: fmt.Errorf("start dev cluster: %w", err), hint: hint}
+	}
+
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.GRPC
+	}
+	leader, err := waitLeader(e.ctx, addrs, 30*time.Second)
+	if err != nil {
+		if e.ctx.Err() != nil {
+			return nil
+		}
+		return &opError{err: fmt.Errorf("dev cluster elected no leader within 30s: %w", err), hint: "re-run with --log-level info to see why"}
+	}
+	printDev(e.stdout, e.progName, dir, temp, nodes, leader)
+
+	<-e.ctx.Done()
+	fmt.Fprintln(e.stderr, "dedupnode dev: stopping")
+	return nil
+}
+
+// devLayout returns the nodes' addresses: fixed from basePort, or free ports
+// from the OS kept in dir/dev-ports.json for the next run. For ports newly
+// taken from the OS it also returns the bound listeners, gRPC and Raft for
+// each node in turn, so that no other process can take them meanwhile.
+func devLayout(dir string, n, basePort int) (_ []devNode, lns []net.Listener, err error) {
+	nodes := make([]devNode, n)
+	if basePort != 0 {
+		for i := range nodes {
+			nodes[i] = devNode{
+				ID:   "n" + strconv.Itoa(i+1),
+				GRPC: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+i)),
+				Raft: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+devRaftOffset+i)),
+			}
+		}
+		return nodes, nil, nil
+	}
+	path := filepath.Join(dir, devPortsFile)
+	if b, err := os.ReadFile(path); err == nil {
+		var saved []devNode
+		if err := json.Unmarshal(b, &saved); err != nil {
+			return nil, nil, &opError{err: fmt.Errorf("read %s: %w", path, err), hint: "delete it, or use a fresh --data-dir"}
+		}
+		if len(saved) != n {
+			return nil, nil, usagef("%s holds a %d-node cluster: pass --nodes %d, or use a fresh --data-dir", dir, len(saved), len(saved))
+		}
+		return saved, nil, nil
+	}
+	defer func() {
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+		}
+	}()
+	free := func() (string, error) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		lns = append(lns, l)
+		return l.Addr().String(), nil
+	}
+	for i := range nodes {
+		g, err := free()
+		if err != nil {
+			return nil, nil, &opError{err: err, hint: "check the loopback interface"}
+		}
+		r, err := free()
+		if err != nil {
+			return nil, nil, &opError{err: err, hint: "check the loopback interface"}
+		}
+		nodes[i] = devNode{ID: "n" + strconv.Itoa(i+1), GRPC: g, Raft: r}
+	}
+	b, _ := json.MarshalIndent(nodes, "", "  ")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return nil, nil, &opError{err: err, hint: "pass a --data-dir you can write to"}
+	}
+	return nodes, lns, nil
+}
+
+// waitLeader polls Status on addrs until some node names a leader, and
+// returns the leader's node ID.
+func waitLeader(ctx context.Context, addrs []string, within time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	c, err := client.New(ctx, addrs, client.WithTimeout(time.Second))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		for _, a := range addrs {
+			st, err := c.StatusOf(ctx, a)
+			if err != nil {
+				last = err
+				continue
+			}
+			if st.LeaderID != "" {
+				return st.LeaderID, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if last == nil {
+				last = ctx.Err()
+			}
+			return "", last
+		case <-tick.C:
+		}
+	}
+}
+
+func stopServers(servers []*server.Server, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		if s == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.Close(ctx); err != nil {
+				logger.Warn("dev: node shutdown", "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func printDev(w io.Writer, prog, dir string, temp bool, nodes []devNode, leader string) {
+	kept := "kept"
+	if temp {
+		kept = "deleted on exit"
+	}
+	fmt.Fprintf(w, "dedupnode dev: %d nodes on loopback, data in %s (%s)\n", len(nodes), dir, kept)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.GRPC
+		role := ""
+		if n.ID == leader {
+			role = "  (leader)"
+		}
+		fmt.Fprintf(w, "  %s  grpc %s  raft %s%s\n", n.ID, n.GRPC, n.Raft, role)
+	}
+	all := strings.Join(addrs, ",")
+	fmt.Fprintf(w, "addrs: %s\n\n", all)
+	fmt.Fprintf(w, "Try it from another terminal:\n")
+	fmt.Fprintf(w, "  %s mark   --addr %s order-1 order-2\n", prog, all)
+	fmt.Fprintf(w, "  %s mark   --addr %s order-1\n", prog, all)
+	fmt.Fprintf(w, "  %s check  --addr %s order-1 order-3\n", prog, all)
+	fmt.Fprintf(w, "  %s status --addr %s\n\n", prog, all)
+	fmt.Fprintf(w, "Ctrl-C stops the cluster.\n")
+}

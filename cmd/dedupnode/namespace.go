@@ -1,0 +1,248 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/spf13/cobra"
+)
+
+// nsJSON is the --output json shape of a namespace. Durations are given
+// both in milliseconds and as text.
+type nsJSON struct {
+	Name           string `json:"name"`
+	DefaultTTL     string `json:"default_ttl"`
+	DefaultTTLMs   int64  `json:"default_ttl_ms"`
+	MaxTTL         string `json:"max_ttl"`
+	MaxTTLMs       int64  `json:"max_ttl_ms"`
+	MaxIDBytes     int    `json:"max_id_bytes"`
+	Mode           string `json:"mode"`
+	DefaultLease   string `json:"default_lease"`
+	DefaultLeaseMs int64  `json:"default_lease_ms"`
+	BucketWidthMs  int64  `json:"bucket_width_ms"`
+}
+
+func toNSJSON(n client.Namespace) nsJSON {
+	return nsJSON{
+		Name:       n.Name,
+		DefaultTTL: fmtDuration(n.DefaultTTL), DefaultTTLMs: n.DefaultTTL.Milliseconds(),
+		MaxTTL: fmtDuration(n.MaxTTL), MaxTTLMs: n.MaxTTL.Milliseconds(),
+		MaxIDBytes:   n.MaxIDBytes,
+		Mode:         n.Mode.String(),
+		DefaultLease: fmtDuration(n.DefaultLease), DefaultLeaseMs: n.DefaultLease.Milliseconds(),
+		BucketWidthMs: n.BucketWidth.Milliseconds(),
+	}
+}
+
+func printNamespaces(w io.Writer, format string, nss []client.Namespace) error {
+	if format == "json" {
+		for _, n := range nss {
+			if err := writeJSON(w, toNSJSON(n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTTL\tMAX TTL\tMAX ID BYTES\tMODE\tLEASE")
+	for _, n := range nss {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Name, fmtDuration(n.DefaultTTL), fmtDuration(n.MaxTTL), n.MaxIDBytes, n.Mode, fmtDuration(n.DefaultLease))
+	}
+	return tw.Flush()
+}
+
+// nsSettings are the flags of namespace create and update.
+type nsSettings struct {
+	ttl, maxTTL, lease time.Duration
+	maxIDBytes         int
+	mode               string
+}
+
+func (s *nsSettings) register(cmd *cobra.Command, update bool) {
+	fs := cmd.Flags()
+	def := func(d string) string {
+		if update {
+			return "unchanged"
+		}
+		return d
+	}
+	fs.Var(durationValue{&s.ttl}, "ttl", "default TTL of records, e.g. 5m, 24h, 7d (default "+def("24h")+")")
+	fs.Var(durationValue{&s.maxTTL}, "max-ttl", "largest TTL a request may ask for (default "+def("7d")+")")
+	fs.IntVar(&s.maxIDBytes, "max-id-bytes", 0, "longest ID accepted, in `BYTES` (default "+def("512")+")")
+	fs.StringVar(&s.mode, "mode", "", "expiry `MODE`: fixed (duplicates never extend expiry) or sliding (each duplicate mark extends it by the TTL) (default "+def("fixed")+")")
+	fs.Var(durationValue{&s.lease}, "lease", "default claim lease, e.g. 30s (default "+def("30s")+")")
+}
+
+func (s *nsSettings) namespace(name string) (client.Namespace, error) {
+	mode, err := client.ParseExpiryMode(s.mode)
+	if err != nil {
+		return client.Namespace{}, usagef("--mode: %v", err)
+	}
+	if s.maxIDBytes < 0 {
+		return client.Namespace{}, usagef("--max-id-bytes must be positive")
+	}
+	return client.Namespace{Name: name, DefaultTTL: s.ttl, MaxTTL: s.maxTTL, MaxIDBytes: s.maxIDBytes, Mode: mode, DefaultLease: s.lease}, nil
+}
+
+func newNamespaceCmd(e *env) *cobra.Command {
+	ex := func(s string) string { return strings.ReplaceAll(s, "dedupnode ", e.progName+" ") }
+	cmd := &cobra.Command{
+		Use:     "namespace",
+		Aliases: []string{"ns"},
+		Short:   "Create, update, describe, list and delete namespaces",
+		Long: `A namespace is an independent dedup space, typically one per consumer
+group, with its own default TTL, maximum TTL, ID size limit, expiry mode and
+claim lease. The namespace "default" (TTL 24h) always exists and is used
+when --namespace is not given. A time-window dedup (the SQS FIFO 5-minute
+window) is a namespace whose TTL is the window.`,
+		Example: ex(`  dedupnode namespace create payments --ttl 5m --max-ttl 1h
+  dedupnode namespace create pushes --ttl 10m --mode sliding
+  dedupnode namespace list
+  dedupnode mark --namespace payments evt-1`),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("give a subcommand: create, update, describe, list or delete")
+		},
+	}
+
+	withClient := func(f *clientFlags, cmd *cobra.Command, name string, fn func(c *client.Client) ([]client.Namespace, error)) error {
+		c, err := f.dial(e.ctx, cmd)
+		if err != nil {
+			return explain(err, f, "")
+		}
+		defer c.Close()
+		nss, err := fn(c)
+		if err != nil {
+			return explainNS(err, f, name)
+		}
+		if nss == nil {
+			return nil
+		}
+		return printNamespaces(e.stdout, f.output, nss)
+	}
+
+	{
+		f, s := &clientFlags{}, &nsSettings{}
+		c := &cobra.Command{
+			Use:     "create [flags] NAME",
+			Short:   "Create a namespace",
+			Example: ex(`  dedupnode namespace create orders --ttl 24h --max-ttl 7d --lease 30s`),
+			Args:    cobra.ExactArgs(1),
+			RunE: runE(func(cmd *cobra.Command, args []string) error {
+				ns, err := s.namespace(args[0])
+				if err != nil {
+					return err
+				}
+				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
+					ctx, cancel := f.withTimeout(e.ctx)
+					defer cancel()
+					n, err := c.CreateNamespace(ctx, ns)
+					return []client.Namespace{n}, err
+				})
+			}),
+		}
+		f.register(c)
+		s.register(c, false)
+		cmd.AddCommand(c)
+	}
+	{
+		f, s := &clientFlags{}, &nsSettings{}
+		c := &cobra.Command{
+			Use:     "update [flags] NAME",
+			Short:   "Change a namespace's settings (flags not given keep their value)",
+			Example: ex(`  dedupnode namespace update orders --ttl 48h`),
+			Args:    cobra.ExactArgs(1),
+			RunE: runE(func(cmd *cobra.Command, args []string) error {
+				ns, err := s.namespace(args[0])
+				if err != nil {
+					return err
+				}
+				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
+					ctx, cancel := f.withTimeout(e.ctx)
+					defer cancel()
+					n, err := c.UpdateNamespace(ctx, ns)
+					return []client.Namespace{n}, err
+				})
+			}),
+		}
+		f.register(c)
+		s.register(c, true)
+		cmd.AddCommand(c)
+	}
+	{
+		f := &clientFlags{}
+		c := &cobra.Command{
+			Use:     "describe [flags] NAME",
+			Short:   "Show a namespace's settings",
+			Example: ex(`  dedupnode namespace describe default --output json`),
+			Args:    cobra.ExactArgs(1),
+			RunE: runE(func(cmd *cobra.Command, args []string) error {
+				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
+					ctx, cancel := f.withTimeout(e.ctx)
+					defer cancel()
+					n, err := c.DescribeNamespace(ctx, args[0])
+					return []client.Namespace{n}, err
+				})
+			}),
+		}
+		f.register(c)
+		cmd.AddCommand(c)
+	}
+	{
+		f := &clientFlags{}
+		c := &cobra.Command{
+			Use:     "list [flags]",
+			Short:   "List every namespace",
+			Example: ex(`  dedupnode namespace list`),
+			Args:    cobra.NoArgs,
+			RunE: runE(func(cmd *cobra.Command, _ []string) error {
+				return withClient(f, cmd, "", func(c *client.Client) ([]client.Namespace, error) {
+					ctx, cancel := f.withTimeout(e.ctx)
+					defer cancel()
+					nss, err := c.ListNamespaces(ctx)
+					if nss == nil && err == nil {
+						nss = []client.Namespace{}
+					}
+					return nss, err
+				})
+			}),
+		}
+		f.register(c)
+		cmd.AddCommand(c)
+	}
+	{
+		f := &clientFlags{}
+		c := &cobra.Command{
+			Use:     "delete [flags] NAME",
+			Short:   "Delete a namespace and every ID recorded in it",
+			Example: ex(`  dedupnode namespace delete orders`),
+			Args:    cobra.ExactArgs(1),
+			RunE: runE(func(cmd *cobra.Command, args []string) error {
+				err := withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
+					ctx, cancel := f.withTimeout(e.ctx)
+					defer cancel()
+					return nil, c.DeleteNamespace(ctx, args[0])
+				})
+				if err != nil {
+					return err
+				}
+				return report(e.stdout, f.output, map[string]any{"deleted": args[0]}, "namespace %s deleted", args[0])
+			}),
+		}
+		f.register(c)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
+
+func explainNS(err error, f *clientFlags, name string) error {
+	err = explain(err, f, "")
+	if oe, ok := err.(*opError); ok && name != "" && strings.Contains(oe.err.Error(), "not found") {
+		oe.hint = "list namespaces with 'dedupnode namespace list' or create it with 'dedupnode namespace create " + name + "'"
+	}
+	return err
+}

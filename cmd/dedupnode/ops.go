@@ -1,0 +1,418 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/spf13/cobra"
+)
+
+// opFlags are the flags of mark, check, claim, commit, renew, release and
+// forget.
+type opFlags struct {
+	clientFlags
+	namespace    string
+	ttl          time.Duration
+	lease        time.Duration
+	consistency  string
+	fencingToken uint64
+	digest       string
+	batch        int
+}
+
+// op describes one of the per-ID commands.
+type op struct {
+	name    string
+	short   string
+	long    string
+	example string
+	// flags says which optional flags the command takes.
+	ttl, lease, consistency, fencing, digest bool
+	// run sends one batch of entries (IDs, or ID=TOKEN for lease commands).
+	run func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error)
+}
+
+func newOpCmds(e *env) []*cobra.Command {
+	ops := []op{
+		{
+			name:  "mark",
+			short: "Record IDs if absent: new (process it) or duplicate (skip it)",
+			long: `Mark atomically records each ID that is not yet recorded, like Redis
+SET NX EX but replicated to a majority before it answers. For each ID it
+prints "new" (recorded now: process the message), "duplicate" (already
+recorded: skip it) or "conflict" (recorded with another --digest: a producer
+reused the ID). The record lives --ttl (default: the namespace's TTL).`,
+			example: `  dedupnode mark --addr 127.0.0.1:7070 order-1 order-2
+  dedupnode mark --namespace payments --ttl 5m evt-42
+  seq 1 10000 | dedupnode mark -            # IDs one per line on stdin
+  dedupnode mark --digest "$(sha256sum < body.json | cut -d' ' -f1)" evt-42`,
+			ttl: true, digest: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+				items, err := f.items(ids)
+				if err != nil {
+					return nil, nil, err
+				}
+				res, err := c.Mark(ctx, f.namespace, items, f.ttl)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "check",
+			short: "Read-only: is each ID recorded (seen) or not (not_seen)?",
+			long: `Check reports for each ID whether it is recorded and not expired ("seen")
+or not ("not_seen"), without recording anything. By default it is
+linearizable: a check that starts after a mark was acknowledged never answers
+not_seen for it. --consistency stale answers from the contacted node alone:
+faster, but it may miss the last moments of replication.`,
+			example: `  dedupnode check --addr 127.0.0.1:7070 order-1 order-3
+  dedupnode check --consistency stale order-1
+  dedupnode check --output json order-1`,
+			consistency: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+				cons, err := client.ParseConsistency(f.consistency)
+				if err != nil {
+					return nil, nil, usagef("--consistency: %v", err)
+				}
+				res, err := c.Check(ctx, f.namespace, bytesOf(ids), cons)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "claim",
+			short: "Take a lease on IDs before processing: acquired, duplicate or in_progress",
+			long: `Claim takes a lease on each ID before you process the message. It prints
+"acquired" with a fencing token (process it, then commit or release with that
+token), "duplicate" (already committed: skip it), "in_progress" (someone else
+holds a live lease: retry later) or "conflict". If the holder crashes, the
+lease expires after --lease (default: the namespace's lease, 30s) and a
+redelivery can claim the ID again.`,
+			example: `  dedupnode claim --lease 1m order-7
+  #   order-7	acquired	fencing_token=12	expires_at=...
+  dedupnode commit order-7=12           # success: record it as processed
+  dedupnode release order-7=12          # failure: let a redelivery claim it`,
+			lease: true, digest: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+				items, err := f.items(ids)
+				if err != nil {
+					return nil, nil, err
+				}
+				res, err := c.Claim(ctx, f.namespace, items, f.lease)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "commit",
+			short: "Turn leases into committed records: ok or lease_lost",
+			long: `Commit turns the leases that claim gave you into committed records that
+answer "duplicate" until --ttl passes (default: the namespace's TTL). Name
+each lease as ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It
+prints "ok", or "lease_lost" when the lease expired or a newer claim fenced
+it (someone else may have processed the message).`,
+			example: `  dedupnode commit order-7=12
+  dedupnode commit --fencing-token 12 --ttl 24h order-7`,
+			ttl: true, fencing: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+				leases, ids, err := f.leases(entries)
+				if err != nil {
+					return nil, nil, err
+				}
+				res, err := c.Commit(ctx, f.namespace, leases, f.ttl)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "renew",
+			short: "Extend held leases: ok or lease_lost",
+			long: `Renew extends each lease to --lease from now (default: the namespace's
+lease) while processing takes longer than planned. Name each lease as
+ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
+			example: `  dedupnode renew --lease 2m order-7=12`,
+			lease:   true, fencing: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+				leases, ids, err := f.leases(entries)
+				if err != nil {
+					return nil, nil, err
+				}
+				res, err := c.Renew(ctx, f.namespace, leases, f.lease)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "release",
+			short: "Drop leases after failed processing so a redelivery can claim at once",
+			long: `Release drops each lease so that a redelivery of the message can claim it
+at once instead of waiting for the lease to expire. Name each lease as
+ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
+			example: `  dedupnode release order-7=12`,
+			fencing: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+				leases, ids, err := f.leases(entries)
+				if err != nil {
+					return nil, nil, err
+				}
+				res, err := c.Release(ctx, f.namespace, leases)
+				return res, ids, err
+			},
+		},
+		{
+			name:  "forget",
+			short: "Remove IDs so they can be processed again (operator use)",
+			long: `Forget removes each ID so that its next mark answers "new" again, for
+example to reprocess messages after fixing a bug. It prints "ok" for each ID,
+recorded or not.`,
+			example: `  dedupnode forget order-1 order-2
+  cat ids.txt | dedupnode forget -`,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+				res, err := c.Forget(ctx, f.namespace, bytesOf(ids))
+				return res, ids, err
+			},
+		},
+	}
+	cmds := make([]*cobra.Command, 0, len(ops))
+	for _, o := range ops {
+		cmds = append(cmds, newOpCmd(e, o))
+	}
+	return cmds
+}
+
+func newOpCmd(e *env, o op) *cobra.Command {
+	f := &opFlags{}
+	args := "ID..."
+	if o.fencing {
+		args = "ID=FENCING_TOKEN... | --fencing-token N ID..."
+	}
+	cmd := &cobra.Command{
+		Use:   o.name + " [flags] " + args,
+		Short: o.short,
+		Long: o.long + `
+
+IDs come as arguments, or one per line on standard input with "-". Output:
+one line per ID: the ID, a tab, the result, then tab-separated details
+(expires_at, fencing_token); --output json prints one JSON object per line
+with id, result, state, first_seen, expires_at, fencing_token.`,
+		Example: strings.ReplaceAll(o.example, "dedupnode ", e.progName+" "),
+		Args:    cobra.MinimumNArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return runOp(e, cmd, o, f, args)
+		}),
+	}
+	f.clientFlags.register(cmd)
+	fs := cmd.Flags()
+	fs.StringVarP(&f.namespace, "namespace", "n", "default", "`NAMESPACE` of the IDs")
+	fs.IntVar(&f.batch, "batch", 1000, "send at most `N` IDs per request (at most the server's --max-batch)")
+	if o.ttl {
+		fs.Var(durationValue{&f.ttl}, "ttl", "how long the record lives, e.g. 10m, 24h, 7d (default: the namespace's TTL)")
+	}
+	if o.lease {
+		fs.Var(durationValue{&f.lease}, "lease", "lease `DURATION`, e.g. 30s, 5m (default: the namespace's lease)")
+	}
+	if o.consistency {
+		fs.StringVar(&f.consistency, "consistency", "linearizable", "linearizable (never misses an acknowledged mark) or stale (answer from the contacted node alone)")
+	}
+	if o.fencing {
+		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
+	}
+	if o.digest {
+		fs.StringVar(&f.digest, "digest", "", "payload digest as `HEX` (at most 64 bytes, e.g. a SHA-256) for every ID; the same ID with another digest answers conflict")
+	}
+	return cmd
+}
+
+func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
+	if f.batch < 1 {
+		return usagef("--batch must be at least 1")
+	}
+	if err := f.validate(cmd); err != nil {
+		return err
+	}
+	if o.fencing && cmd.Flags().Changed("fencing-token") && f.fencingToken == 0 {
+		return usagef("--fencing-token must be the positive token that claim printed")
+	}
+	if o.consistency {
+		if _, err := client.ParseConsistency(f.consistency); err != nil {
+			return usagef("--consistency: %v", err)
+		}
+	}
+	if f.digest != "" {
+		if _, err := hex.DecodeString(f.digest); err != nil {
+			return usagef("--digest %q: not hex: %v", f.digest, err)
+		}
+	}
+	c, err := f.dial(e.ctx, cmd)
+	if err != nil {
+		return explain(err, &f.clientFlags, f.namespace)
+	}
+	defer c.Close()
+	out := bufio.NewWriter(e.stdout)
+	defer out.Flush()
+	return batches(args, e.stdin, f.batch, func(entries []string) error {
+		ctx, cancel := f.withTimeout(e.ctx)
+		defer cancel()
+		res, ids, err := o.run(ctx, c, f, entries)
+		if err != nil {
+			return explain(err, &f.clientFlags, f.namespace)
+		}
+		for i, r := range res {
+			if err := printResult(out, f.output, ids[i], r); err != nil {
+				return err
+			}
+		}
+		return out.Flush()
+	})
+}
+
+// batches calls fn with the entries of args in order, at most n at a time;
+// an argument "-" stands for the lines of stdin (empty lines skipped).
+func batches(args []string, stdin io.Reader, n int, fn func([]string) error) error {
+	buf := make([]string, 0, min(n, 4096))
+	add := func(s string) error {
+		buf = append(buf, s)
+		if len(buf) < n {
+			return nil
+		}
+		err := fn(buf)
+		buf = buf[:0]
+		return err
+	}
+	readStdin := false
+	for _, a := range args {
+		if a != "-" {
+			if err := add(a); err != nil {
+				return err
+			}
+			continue
+		}
+		if readStdin {
+			return usagef(`"-" given twice: standard input can be read once`)
+		}
+		readStdin = true
+		sc := bufio.NewScanner(stdin)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			if line == "" {
+				continue
+			}
+			if err := add(line); err != nil {
+				return err
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return fmt.Errorf("reading IDs from standard input: %w", err)
+		}
+	}
+	if len(buf) > 0 {
+		return fn(buf)
+	}
+	return nil
+}
+
+func bytesOf(ids []string) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = []byte(id)
+	}
+	return out
+}
+
+func (f *opFlags) items(ids []string) ([]client.Item, error) {
+	var dg []byte
+	if f.digest != "" {
+		var err error
+		if dg, err = hex.DecodeString(f.digest); err != nil {
+			return nil, usagef("--digest: %v", err)
+		}
+	}
+	items := make([]client.Item, len(ids))
+	for i, id := range ids {
+		items[i] = client.Item{ID: []byte(id), Digest: dg}
+	}
+	return items, nil
+}
+
+// leases parses entries as IDs (with --fencing-token) or ID=TOKEN, split at
+// the last '='. It returns the leases and the bare IDs.
+func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
+	leases := make([]client.Lease, len(entries))
+	ids := make([]string, len(entries))
+	for i, e := range entries {
+		if f.fencingToken != 0 {
+			leases[i] = client.Lease{ID: []byte(e), FencingToken: f.fencingToken}
+			ids[i] = e
+			continue
+		}
+		k := strings.LastIndexByte(e, '=')
+		if k < 0 {
+			return nil, nil, usagef("%q has no fencing token: give ID=TOKEN with the token claim printed, or --fencing-token N", e)
+		}
+		tok, err := strconv.ParseUint(e[k+1:], 10, 64)
+		if err != nil || tok == 0 {
+			return nil, nil, usagef("%q: fencing token %q is not a positive integer", e, e[k+1:])
+		}
+		leases[i] = client.Lease{ID: []byte(e[:k]), FencingToken: tok}
+		ids[i] = e[:k]
+	}
+	return leases, ids, nil
+}
+
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// resultJSON is the --output json shape of one item.
+type resultJSON struct {
+	ID           string `json:"id"`
+	Result       string `json:"result"`
+	State        string `json:"state,omitempty"`
+	FirstSeen    string `json:"first_seen,omitempty"`
+	ExpiresAt    string `json:"expires_at,omitempty"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	Digest       string `json:"digest,omitempty"`
+	RequestToken string `json:"request_token,omitempty"`
+}
+
+func printResult(w io.Writer, format, id string, r client.Result) error {
+	if format == "json" {
+		j := resultJSON{ID: id, Result: r.Code.String()}
+		if rec := r.Record; rec != nil {
+			if rec.State != client.StateUnknown {
+				j.State = rec.State.String()
+			}
+			if !rec.FirstSeen.IsZero() {
+				j.FirstSeen = rec.FirstSeen.Format(timeLayout)
+			}
+			if !rec.Expires.IsZero() {
+				j.ExpiresAt = rec.Expires.Format(timeLayout)
+			}
+			j.FencingToken = rec.FencingToken
+			j.Digest = hex.EncodeToString(rec.Digest)
+			j.RequestToken = hex.EncodeToString(rec.RequestToken)
+		}
+		b, err := json.Marshal(j)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	line := id + "\t" + r.Code.String()
+	if rec := r.Record; rec != nil {
+		if rec.State == client.StateLeased && r.Code != client.CodeAcquired {
+			line += "\tstate=leased"
+		}
+		if rec.FencingToken != 0 {
+			line += "\tfencing_token=" + strconv.FormatUint(rec.FencingToken, 10)
+		}
+		if !rec.Expires.IsZero() {
+			line += "\texpires_at=" + rec.Expires.Format(timeLayout)
+		}
+	}
+	_, err := fmt.Fprintln(w, line)
+	return err
+}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // operational: a node unreachable, a request refused
+	exitUsage = 2 // bad flags or arguments
+)
+
+// usageError marks an error as the caller's misuse of the command line.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// opError is an operational failure with an optional hint saying what to
+// do about it.
+type opError struct {
+	err  error
+	hint string
+}
+
+func (e *opError) Error() string { return e.err.Error() }
+func (e *opError) Unwrap() error { return e.err }
+
+// env holds the process's streams, so that tests can run commands in
+// process.
+type env struct {
+	ctx    context.Context
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// progName is how the user invokes us, for printed examples.
+	progName string
+}
+
+// run executes the command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, progName: progName()}
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return exitOK
+	}
+	if cmd == nil {
+		cmd = root
+	}
+	name := cmd.CommandPath()
+	var ue *usageError
+	var oe *opError
+	switch {
+	case errors.As(err, &oe):
+		msg := oneLine(err.Error())
+		if oe.hint != "" {
+			msg += "; " + oe.hint
+		}
+		fmt.Fprintf(stderr, "%s: %s\n", name, msg)
+		return exitError
+	case errors.As(err, &ue) || !isRunError(err):
+		fmt.Fprintf(stderr, "%s: %s; see '%s --help'\n", name, oneLine(err.Error()), name)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err.Error()))
+		return exitError
+	}
+}
+
+// runError marks errors returned from a command's RunE (as opposed to
+// cobra's own parse errors, which are usage errors).
+type runError struct{ err error }
+
+func (e *runError) Error() string { return e.err.Error() }
+func (e *runError) Unwrap() error { return e.err }
+
+func isRunError(err error) bool {
+	var re *runError
+	return errors.As(err, &re)
+}
+
+// runE adapts a command body: errors it returns are operational unless they
+// are usage errors.
+func runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := fn(cmd, args); err != nil {
+			return &runError{err}
+		}
+		return nil
+	}
+}
+
+// oneLine folds a multi-line message (cobra's suggestions, wrapped errors)
+// into one line.
+func oneLine(s string) string {
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i := range fields {
+		fields[i] = strings.TrimSpace(fields[i])
+	}
+	return strings.Join(fields, " ")
+}
+
+func progName() string {
+	p := os.Args[0]
+	if strings.Contains(p, "go-build") {
+		return "go run ./cmd/dedupnode"
+	}
+	return filepath.Base(p)
+}
+
+const rootLong = `dedupnode is a replicated message-deduplication store: consumers of
+at-least-once brokers (Kafka, RabbitMQ, NATS, SQS, webhooks) ask it, per
+message ID, "did I already handle this?", and the answer survives the loss
+of any minority of nodes.
+
+Start a local 3-node cluster, then mark and check IDs against it:
+
+  dedupnode dev
+  dedupnode mark  --addr 127.0.0.1:7070,127.0.0.1:7071,127.0.0.1:7072 order-1 order-2
+  dedupnode check --addr 127.0.0.1:7070 order-1 order-3
+
+Exit codes: 0 success, 1 operational error, 2 usage error.`
+
+func newRootCmd(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dedupnode",
+		Short:         "Replicated message-deduplication store: server, dev cluster and client",
+		Long:          rootLong,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// Without a subcommand: show help and fail as a usage error.
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q", args[0])
+			}
+			cmd.SetOut(e.stderr)
+			_ = cmd.Help()
+			return usagef("no command given")
+		},
+	}
+	root.SetIn(e.stdin)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.CompletionOptions.DisableDefaultCmd = true
+
+	root.AddGroup(
+		&cobra.Group{ID: "server", Title: "Run a cluster:"},
+		&cobra.Group{ID: "dedup", Title: "Deduplicate message IDs:"},
+		&cobra.Group{ID: "admin", Title: "Administer namespaces and the cluster:"},
+	)
+	for _, c := range []*cobra.Command{newServeCmd(e), newDevCmd(e)} {
+		c.GroupID = "server"
+		root.AddCommand(c)
+	}
+	for _, c := range newOpCmds(e) {
+		c.GroupID = "dedup"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{newStatusCmd(e), newMembersCmd(e), newNamespaceCmd(e), newJoinCmd(e), newRemoveCmd(e), newTransferLeaderCmd(e)} {
+		c.GroupID = "admin"
+		root.AddCommand(c)
+	}
+	return root
+}
+
+// applyEnv sets each flag of fs that was not given on the command line from
+// the environment variable DEDUPNODE_<FLAG> (upper case, '-' → '_'), when
+// set. Flags take precedence over the environment.
+func applyEnv(fs *pflag.FlagSet, names ...string) error {
+	var errs []error
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil || f.Changed {
+			continue
+		}
+		key := envKey(name)
+		v, ok := os.LookupEnv(key)
+		if !ok {
+			continue
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, usagef("%s=%q: %v", key, v, err))
+			continue
+		}
+		f.Changed = true
+	}
+	return errors.Join(errs...)
+}
+
+func envKey(flag string) string {
+	return "DEDUPNODE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/server"
+	"github.com/spf13/cobra"
+)
+
+// serveFlags are the flags of serve; each can also come from the
+// environment as DEDUPNODE_<FLAG>.
+type serveFlags struct {
+	nodeID        string
+	dataDir       string
+	raftAddr      string
+	grpcAddr      string
+	bootstrap     bool
+	peers         string
+	join          []string
+	autoCreate    bool
+	maxBatch      int
+	bloomExpected uint
+	bloomFPRate   float64
+	logLevel      string
+	logFormat     string
+}
+
+var serveFlagNames = []string{
+	"node-id", "data-dir", "raft-addr", "grpc-addr", "bootstrap", "peers", "join",
+	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
+	"log-level", "log-format",
+}
+
+const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
+cleanly (handing leadership to another node first when it leads).
+
+A new node needs exactly one way to find its cluster:
+  --bootstrap           form a new one-node cluster (add more with --join)
+  --peers LIST          form a static cluster; give the SAME list to every
+                        node: id=raft_addr=grpc_addr,... including this node
+  --join ADDR[,ADDR]    join a running cluster through any member's gRPC
+                        address; the node votes once it has caught up
+A node whose --data-dir already holds state needs none of them: it rejoins
+its cluster from what it stored.
+
+Every flag can also be set in the environment as DEDUPNODE_<FLAG>, upper
+case with '-' as '_' (DEDUPNODE_NODE_ID, DEDUPNODE_PEERS, ...); flags on the
+command line take precedence.`
+
+const serveExample = `  # a three-node cluster on one machine, one terminal per node
+  dedupnode serve --node-id n1 --data-dir data/n1 --raft-addr 127.0.0.1:7000 --grpc-addr 127.0.0.1:7070 \
+    --peers n1=127.0.0.1:7000=127.0.0.1:7070,n2=127.0.0.1:7001=127.0.0.1:7071,n3=127.0.0.1:7002=127.0.0.1:7072
+  # (n2 and n3 alike, with their own --node-id, --data-dir and addresses)
+
+  # a single node, then a second one joining it
+  dedupnode serve --node-id a --data-dir data/a --bootstrap
+  dedupnode serve --node-id b --data-dir data/b --raft-addr 127.0.0.1:7001 --grpc-addr 127.0.0.1:7071 --join 127.0.0.1:7070`
+
+func newServeCmd(e *env) *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:     "serve --node-id ID --data-dir DIR [--bootstrap | --peers LIST | --join ADDR] [flags]",
+		Short:   "Run a dedupnode node",
+		Long:    serveLong,
+		Example: strings.ReplaceAll(serveExample, "dedupnode ", e.progName+" "),
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags(), serveFlagNames...); err != nil {
+				return err
+			}
+			cfg, logger, err := f.config(e.stderr)
+			if err != nil {
+				return err
+			}
+			return serve(e.ctx, cfg, logger)
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.nodeID, "node-id", "", "this node's `ID`, unique across all time (a replaced machine gets a new ID)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "`DIR` for the Raft log, snapshots and the ID store; created if missing")
+	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7000", "`HOST:PORT` for Raft traffic between nodes, as the other nodes reach it")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7070", "`HOST:PORT` for clients (gRPC), as clients and other nodes reach it")
+	fs.BoolVar(&f.bootstrap, "bootstrap", false, "form a new one-node cluster (only on first start)")
+	fs.StringVar(&f.peers, "peers", "", "form a static cluster: `id=raft_addr=grpc_addr,...`, the same list on every node, this node included")
+	fs.StringSliceVar(&f.join, "join", nil, "join a running cluster through these gRPC `ADDR`s of its members")
+	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a request names it (dev and tests)")
+	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs accepted in one request")
+	fs.UintVar(&f.bloomExpected, "bloom-expected-per-bucket", 100000, "`N` IDs each expiry bucket's Bloom filter is sized for (more chain extra filters)")
+	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
+	return cmd
+}
+
+// newLogger builds the one slog logger threaded through the node.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", format)
+}
+
+// hasState reports whether dir already holds a node's Raft state.
+func hasState(dir string) bool {
+	fi, err := os.Stat(filepath.Join(dir, "raft", "raft.db"))
+	return err == nil && fi.Size() > 0
+}
+
+// parsePeers parses "id=raft=grpc,id=raft=grpc".
+func parsePeers(s string) ([]cluster.Peer, error) {
+	var out []cluster.Peer
+	seen := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		parts := strings.Split(p, "=")
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			return nil, usagef("--peers entry %q: want id=raft_addr=grpc_addr, e.g. n1=127.0.0.1:7000=127.0.0.1:7070", p)
+		}
+		if seen[parts[0]] {
+			return nil, usagef("--peers: node id %q appears twice", parts[0])
+		}
+		seen[parts[0]] = true
+		out = append(out, cluster.Peer{ID: parts[0], RaftAddr: parts[1], GRPCAddr: parts[2]})
+	}
+	if len(out) == 0 {
+		return nil, usagef("--peers is empty: want id=raft_addr=grpc_addr,...")
+	}
+	return out, nil
+}
+
+func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, error) {
+	var cfg server.Config
+	if f.nodeID == "" {
+		return cfg, nil, usagef("--node-id is required: a name for this node, unique across all time (e.g. --node-id n1)")
+	}
+	if f.dataDir == "" {
+		return cfg, nil, usagef("--data-dir is required: where this node keeps its data (e.g. --data-dir data/%s)", f.nodeID)
+	}
+	modes := 0
+	if f.bootstrap {
+		modes++
+	}
+	if f.peers != "" {
+		modes++
+	}
+	if len(f.join) > 0 {
+		modes++
+	}
+	if modes > 1 {
+		return cfg, nil, usagef("give only one of --bootstrap, --peers and --join")
+	}
+	if modes == 0 && !hasState(f.dataDir) {
+		return cfg, nil, usagef("%s holds no state yet: give one of --bootstrap (new cluster), --peers LIST (static cluster) or --join ADDR (join a running one)", f.dataDir)
+	}
+	if f.maxBatch < 1 {
+		return cfg, nil, usagef("--max-batch must be at least 1")
+	}
+	if f.bloomFPRate <= 0 || f.bloomFPRate > 0.5 {
+		return cfg, nil, usagef("--bloom-fp-rate %v: want a rate in (0, 0.5], e.g. 0.01", f.bloomFPRate)
+	}
+	if f.bloomExpected < 1 {
+		return cfg, nil, usagef("--bloom-expected-per-bucket must be at least 1")
+	}
+	logger, err := newLogger(logOut, f.logLevel, f.logFormat)
+	if err != nil {
+		return cfg, nil, err
+	}
+	var peers []cluster.Peer
+	if f.peers != "" {
+		if peers, err = parsePeers(f.peers); err != nil {
+			return cfg, nil, err
+		}
+		self := false
+		for _, p := range peers {
+			self = self || p.ID == f.nodeID
+		}
+		if !self {
+			return cfg, nil, usagef("--peers must include this node (--node-id %s)", f.nodeID)
+		}
+	}
+	cfg = server.Config{
+		Cluster: cluster.Config{
+			NodeID:    f.nodeID,
+			DataDir:   f.dataDir,
+			RaftAddr:  f.raftAddr,
+			GRPCAddr:  f.grpcAddr,
+			Bootstrap: f.bootstrap,
+			Peers:     peers,
+			Logger:    logger,
+		},
+		ListenAddr:           f.grpcAddr,
+		AutoCreateNamespaces: f.autoCreate,
+		MaxBatch:             f.maxBatch,
+		Join:                 f.join,
+	}
+	cfg.Cluster.FSM.Bloom.ExpectedPerBucket = f.bloomExpected
+	cfg.Cluster.FSM.Bloom.FPRate = f.bloomFPRate
+	return cfg, logger, nil
+}
+
+// serve runs one node until ctx ends, then shuts it down within 30 s.
+func serve(ctx context.Context, cfg server.Config, logger *slog.Logger) error {
+	srv, err := server.Start(ctx, cfg)
+	if err != nil {
+		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err),
+			hint: "check that the addresses are free and the data dir is writable and not used by another process"}
+	}
+	logger.Info("dedupnode serving", "node", cfg.Cluster.NodeID, "grpc_addr", srv.GRPCAddr(), "raft_addr", srv.RaftAddr(), "data_dir", cfg.Cluster.DataDir)
+	<-ctx.Done()
+	logger.Info("dedupnode shutting down", "node", cfg.Cluster.NodeID)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Close(sctx); err != nil {
+		return &opError{err: fmt.Errorf("shut down node %s: %w", cfg.Cluster.NodeID, err), hint: "the data is safe; restart the node to recover"}
+	}
+	return nil
+}
