@@ -598,3 +598,56 @@ func TestNamespaceLifecycle(t *testing.T) {
 		t.Fatal("deleting default succeeded")
 	}
 }
+
+func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
+	h := newHarness(t)
+	cfg := FillNamespaceDefaults(NamespaceConfig{Name: "window", DefaultTTLMs: 60_000, MaxTTLMs: 60_000})
+	h.apply(t0, Op{Kind: OpCreateNamespace, Config: cfg})
+	for batch := range 20 {
+		op := Op{Kind: OpMark, Namespace: "window"}
+		for i := range 5000 {
+			op.Items = append(op.Items, Item{ID: fmt.Appendf(nil, "id-%02d-%05d-padding-to-64-bytes-of-message-id-xxxxxxxxxxxxxxxx", batch, i)})
+		}
+		h.one(t0, op)
+	}
+	if err := h.f.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	tables := func() int64 {
+		m := h.f.db.Metrics()
+		var n int64
+		for i := range m.Levels {
+			n += m.Levels[i].TablesSize
+		}
+		return n
+	}
+	full := tables()
+	if got := h.f.Stats().IDsStored; got != 100_000 {
+		t.Fatalf("stored %d, want 100000", got)
+	}
+	// One tick past the window drops every bucket: a handful of range
+	// deletions, not 100 000 deletes.
+	h.apply(t0+2*cfg.MaxTTLMs, Op{Kind: OpTick})
+	if s := h.f.Stats(); s.IDsStored != 0 || s.Buckets != 0 {
+		t.Fatalf("after expiry: %+v", s)
+	}
+	res, _ := h.f.Check("window", [][]byte{[]byte("id-00-00000-padding-to-64-bytes-of-message-id-xxxxxxxxxxxxxxxx")}, t0+2*cfg.MaxTTLMs)
+	wantCode(t, "expired id", res[0], CodeNotSeen)
+	// The compactor turns the range deletions into free space: the
+	// sstables holding the expired records go away.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := h.f.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		now := tables()
+		if now < full/10 {
+			t.Logf("sstable bytes %d -> %d", full, now)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sstables still hold %d bytes (was %d) a minute after the buckets expired", now, full)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
