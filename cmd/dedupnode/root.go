@@ -144,14 +144,12 @@ func newRootCmd(e *env) *cobra.Command {
 		Long:          rootLong,
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		// Without a subcommand: show help and fail as a usage error.
+		// Without a subcommand: a usage error pointing to --help.
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("unknown command %q", args[0])
 			}
-			cmd.SetOut(e.stderr)
-			_ = cmd.Help()
-			return usagef("no command given")
+			return usagef("no command given (try 'dedupnode dev' to start a local cluster)")
 		},
 	}
 	root.SetIn(e.stdin)

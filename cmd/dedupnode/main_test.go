@@ -1,0 +1,418 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// runCLI runs the command line in process and returns its exit code,
+// stdout and stderr.
+func runCLI(t *testing.T, ctx context.Context, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(ctx, args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := l.Addr().String()
+	l.Close()
+	return a
+}
+
+func assertOneLine(t *testing.T, stderr string) {
+	t.Helper()
+	if strings.Count(stderr, "\n") != 1 || !strings.HasSuffix(stderr, "\n") {
+		t.Fatalf("stderr must be exactly one line, got %q", stderr)
+	}
+}
+
+func TestUsageErrorsExit2WithOneLine(t *testing.T) {
+	t.Setenv("DEDUPNODE_ADDR", "")
+	os.Unsetenv("DEDUPNODE_ADDR")
+	dir := t.TempDir()
+	cases := []struct {
+		name string
+		args []string
+		want string // substring of stderr
+	}{
+		{"no command", nil, "no command"},
+		{"unknown command", []string{"mrak", "x"}, "unknown command"},
+		{"unknown flag", []string{"mark", "--bogus", "x"}, "unknown flag"},
+		{"no ids", []string{"mark"}, "requires at least 1 arg"},
+		{"bad output", []string{"check", "--output", "yaml", "x"}, "--output"},
+		{"bad consistency", []string{"check", "--consistency", "eventual", "x"}, "consistency"},
+		{"bad ttl", []string{"mark", "--ttl", "soon", "x"}, "invalid duration"},
+		{"bad digest", []string{"mark", "--digest", "xyz", "x"}, "--digest"},
+		{"commit without token", []string{"commit", "order-1"}, "fencing token"},
+		{"commit bad token", []string{"commit", "order-1=abc"}, "not a positive integer"},
+		{"ttl on check", []string{"check", "--ttl", "5m", "x"}, "unknown flag"},
+		{"bad addr", []string{"mark", "--addr", "localhost", "x"}, "HOST:PORT"},
+		{"serve no node id", []string{"serve", "--data-dir", dir, "--bootstrap"}, "--node-id is required"},
+		{"serve no data dir", []string{"serve", "--node-id", "n1", "--bootstrap"}, "--data-dir is required"},
+		{"serve no mode", []string{"serve", "--node-id", "n1", "--data-dir", dir}, "give one of --bootstrap"},
+		{"serve two modes", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--join", "127.0.0.1:7070"}, "only one of"},
+		{"serve bad peers", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--peers", "n1=127.0.0.1:7000"}, "id=raft_addr=grpc_addr"},
+		{"serve peers without self", []string{"serve", "--node-id", "n9", "--data-dir", dir, "--peers", "n1=a:1=b:2"}, "must include this node"},
+		{"serve bad log format", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--log-format", "xml"}, "--log-format"},
+		{"dev too many nodes", []string{"dev", "--nodes", "40"}, "--nodes"},
+		{"namespace bad mode", []string{"namespace", "create", "x", "--mode", "rolling"}, "--mode"},
+		{"namespace no sub", []string{"namespace"}, "subcommand"},
+		{"remove no id", []string{"remove"}, "accepts 1 arg"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errs := runCLI(t, context.Background(), "", tc.args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, errs)
+			}
+			if out != "" {
+				t.Fatalf("stdout must be empty on a usage error, got %q", out)
+			}
+			assertOneLine(t, errs)
+			if !strings.Contains(errs, tc.want) || !strings.Contains(errs, "--help") {
+				t.Fatalf("stderr %q lacks %q or a pointer to --help", errs, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnreachableClusterExits1WithHint(t *testing.T) {
+	addr := closedAddr(t)
+	code, out, errs := runCLI(t, context.Background(), "", "mark", "--addr", addr, "--timeout", "1s", "order-1")
+	if code != exitError {
+		t.Fatalf("exit %d, want 1; stderr %q", code, errs)
+	}
+	if out != "" {
+		t.Fatalf("stdout %q, want nothing", out)
+	}
+	assertOneLine(t, errs)
+	for _, want := range []string{"dedupnode mark:", addr, "dedupnode dev", "--addr"} {
+		if !strings.Contains(errs, want) {
+			t.Fatalf("stderr %q lacks %q", errs, want)
+		}
+	}
+}
+
+func TestHelpExits0AndTeaches(t *testing.T) {
+	for _, cmd := range []string{"mark", "check", "claim", "commit", "renew", "release", "forget", "serve", "dev", "status", "namespace", "members", "join", "remove", "transfer-leader"} {
+		code, out, _ := runCLI(t, context.Background(), "", cmd, "--help")
+		if code != exitOK || !strings.Contains(out, "Examples:") {
+			t.Fatalf("%s --help: exit %d, examples shown: %v", cmd, code, strings.Contains(out, "Examples:"))
+		}
+	}
+}
+
+func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
+	t.Setenv("DEDUPNODE_NODE_ID", "from-env")
+	t.Setenv("DEDUPNODE_DATA_DIR", t.TempDir())
+	t.Setenv("DEDUPNODE_PEERS", "from-env=127.0.0.1:7000=127.0.0.1:7070,b=127.0.0.1:7001=127.0.0.1:7071")
+	t.Setenv("DEDUPNODE_MAX_BATCH", "77")
+	t.Setenv("DEDUPNODE_GRPC_ADDR", "127.0.0.1:9999")
+	e := &env{ctx: context.Background(), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	cmd := newServeCmd(e)
+	if err := cmd.ParseFlags([]string{"--grpc-addr", "127.0.0.1:7070"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyEnv(cmd.Flags(), serveFlagNames...); err != nil {
+		t.Fatal(err)
+	}
+	f := &serveFlags{}
+	fs := cmd.Flags()
+	f.nodeID, _ = fs.GetString("node-id")
+	f.dataDir, _ = fs.GetString("data-dir")
+	f.peers, _ = fs.GetString("peers")
+	f.maxBatch, _ = fs.GetInt("max-batch")
+	f.grpcAddr, _ = fs.GetString("grpc-addr")
+	f.raftAddr, _ = fs.GetString("raft-addr")
+	f.bloomExpected, _ = fs.GetUint("bloom-expected-per-bucket")
+	f.bloomFPRate, _ = fs.GetFloat64("bloom-fp-rate")
+	f.logLevel, _ = fs.GetString("log-level")
+	f.logFormat, _ = fs.GetString("log-format")
+	cfg, _, err := f.config(io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Cluster.NodeID != "from-env" || cfg.MaxBatch != 77 || len(cfg.Cluster.Peers) != 2 {
+		t.Fatalf("env not applied: %+v", cfg)
+	}
+	if cfg.ListenAddr != "127.0.0.1:7070" {
+		t.Fatalf("--grpc-addr on the command line must beat DEDUPNODE_GRPC_ADDR, got %s", cfg.ListenAddr)
+	}
+
+	t.Setenv("DEDUPNODE_MAX_BATCH", "lots")
+	cmd = newServeCmd(e)
+	if err := applyEnv(cmd.Flags(), serveFlagNames...); err == nil || !strings.Contains(err.Error(), "DEDUPNODE_MAX_BATCH") {
+		t.Fatalf("a bad env value must be a usage error naming the variable, got %v", err)
+	}
+}
+
+func TestDurations(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"30s": 30 * time.Second, "5m": 5 * time.Minute, "7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, "0": 0,
+	} {
+		got, err := parseDuration(in)
+		if err != nil || got != want {
+			t.Fatalf("parseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"soon", "1.5d", "-5s", "d"} {
+		if _, err := parseDuration(bad); err == nil {
+			t.Fatalf("parseDuration(%q) must fail", bad)
+		}
+	}
+	for d, want := range map[time.Duration]string{
+		7 * 24 * time.Hour: "7d", 36 * time.Hour: "1d12h", 5 * time.Minute: "5m", 90 * time.Minute: "1h30m", 30 * time.Second: "30s", 0: "0s",
+	} {
+		if got := fmtDuration(d); got != want {
+			t.Fatalf("fmtDuration(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestBatchesReadStdinInOrder(t *testing.T) {
+	var got [][]string
+	err := batches([]string{"a", "-", "z"}, strings.NewReader("b\r\n\nc\nd\n"), 2, func(b []string) error {
+		got = append(got, append([]string(nil), b...))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{{"a", "b"}, {"c", "d"}, {"z"}}
+	if len(got) != len(want) {
+		t.Fatalf("batches = %q, want %q", got, want)
+	}
+	for i := range want {
+		if strings.Join(got[i], ",") != strings.Join(want[i], ",") {
+			t.Fatalf("batches = %q, want %q", got, want)
+		}
+	}
+	if err := batches([]string{"-", "-"}, strings.NewReader(""), 2, func([]string) error { return nil }); err == nil {
+		t.Fatal(`"-" twice must be refused`)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDev runs `dedupnode dev` in process on free ports and returns the
+// addresses from its "addrs: " line. The cluster stops at test cleanup.
+func startDev(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, errb := &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, append([]string{"dev", "--base-port", "0"}, args...), strings.NewReader(""), out, errb)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("dev exited %d: %s", code, errb.String())
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("dev did not stop within 60s of cancel")
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		sc := bufio.NewScanner(strings.NewReader(out.String()))
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "addrs: "); ok {
+				return a
+			}
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited %d before printing addrs: %s", code, errb.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("dev printed no addrs line within 60s; stdout %q stderr %q", out.String(), errb.String())
+	return ""
+}
+
+func TestCLIAgainstDevCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	dir := filepath.Join(t.TempDir(), "dev")
+	addrs := startDev(t, "--data-dir", dir)
+	if _, err := os.Stat(filepath.Join(dir, devPortsFile)); err != nil {
+		t.Fatalf("dev with --base-port 0 must keep its ports: %v", err)
+	}
+	ctx := context.Background()
+
+	code, out, errs := runCLI(t, ctx, "order-2\norder-3\n", "mark", "--addr", addrs, "order-1", "-")
+	if code != 0 {
+		t.Fatalf("mark: exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("mark printed %q, want 3 lines", out)
+	}
+	for i, l := range lines {
+		f := strings.Split(l, "\t")
+		if f[0] != []string{"order-1", "order-2", "order-3"}[i] || f[1] != "new" || !strings.HasPrefix(f[2], "expires_at=") {
+			t.Fatalf("mark line %q: want ID<TAB>new<TAB>expires_at=...", l)
+		}
+	}
+
+	code, out, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "--output", "json", "order-1", "order-9")
+	if code != 0 {
+		t.Fatalf("mark json: exit %d: %s", code, errs)
+	}
+	var objs []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q is not one JSON object: %v", l, err)
+		}
+		objs = append(objs, m)
+	}
+	if len(objs) != 2 || objs[0]["id"] != "order-1" || objs[0]["result"] != "duplicate" || objs[1]["result"] != "new" {
+		t.Fatalf("mark json = %v", objs)
+	}
+	for _, k := range []string{"first_seen", "expires_at", "state"} {
+		if _, ok := objs[0][k]; !ok {
+			t.Fatalf("mark json %v lacks %s", objs[0], k)
+		}
+	}
+
+	code, out, _ = runCLI(t, ctx, "", "check", "--addr", addrs, "order-1", "nope")
+	if code != 0 || !strings.HasPrefix(out, "order-1\tseen") || !strings.Contains(out, "nope\tnot_seen") {
+		t.Fatalf("check: exit %d out %q", code, out)
+	}
+
+	code, out, errs = runCLI(t, ctx, "", "claim", "--addr", addrs, "--output", "json", "--lease", "1m", "job-1")
+	if code != 0 {
+		t.Fatalf("claim: %d %s", code, errs)
+	}
+	var cl struct {
+		ID           string `json:"id"`
+		Result       string `json:"result"`
+		FencingToken uint64 `json:"fencing_token"`
+	}
+	if err := json.Unmarshal([]byte(out), &cl); err != nil || cl.Result != "acquired" || cl.FencingToken == 0 {
+		t.Fatalf("claim json %q: %+v %v", out, cl, err)
+	}
+	code, out, _ = runCLI(t, ctx, "", "claim", "--addr", addrs, "job-1")
+	if code != 0 || !strings.HasPrefix(out, "job-1\tin_progress") {
+		t.Fatalf("second claim: %d %q", code, out)
+	}
+	tok := func(n uint64) string { return "job-1=" + strconv.FormatUint(n, 10) }
+	code, out, _ = runCLI(t, ctx, "", "commit", "--addr", addrs, tok(cl.FencingToken+100))
+	if code != 0 || !strings.HasPrefix(out, "job-1\tlease_lost") {
+		t.Fatalf("commit with a wrong token: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "commit", "--addr", addrs, tok(cl.FencingToken))
+	if code != 0 || !strings.HasPrefix(out, "job-1\tok") {
+		t.Fatalf("commit: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "claim", "--addr", addrs, "job-1")
+	if code != 0 || !strings.HasPrefix(out, "job-1\tduplicate") {
+		t.Fatalf("claim after commit: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "forget", "--addr", addrs, "order-1")
+	if code != 0 || out != "order-1\tok\n" {
+		t.Fatalf("forget: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "check", "--addr", addrs, "--consistency", "stale", "order-1")
+	if code != 0 || !strings.HasPrefix(out, "order-1\tnot_seen") {
+		t.Fatalf("check after forget: %d %q", code, out)
+	}
+
+	code, out, errs = runCLI(t, ctx, "", "status", "--addr", addrs, "--output", "json")
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errs)
+	}
+	var st struct {
+		LeaderID string `json:"leader_id"`
+		Term     uint64 `json:"term"`
+		Members  []struct {
+			ID       string `json:"id"`
+			RaftAddr string `json:"raft_addr"`
+			GRPCAddr string `json:"grpc_addr"`
+			Suffrage string `json:"suffrage"`
+		} `json:"members"`
+		IDsStored *uint64         `json:"ids_stored"`
+		Bloom     json.RawMessage `json:"bloom"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status json %q: %v", out, err)
+	}
+	if st.LeaderID == "" || st.Term == 0 || len(st.Members) != 3 || st.IDsStored == nil || len(st.Bloom) == 0 {
+		t.Fatalf("status json = %s", out)
+	}
+	for _, m := range st.Members {
+		if m.ID == "" || m.RaftAddr == "" || m.GRPCAddr == "" || m.Suffrage != "voter" {
+			t.Fatalf("member %+v", m)
+		}
+	}
+	code, out, _ = runCLI(t, ctx, "", "status", "--addr", addrs)
+	if code != 0 || !strings.Contains(out, "leader") || !strings.Contains(out, "SUFFRAGE") {
+		t.Fatalf("status text: %d %q", code, out)
+	}
+
+	code, out, errs = runCLI(t, ctx, "", "namespace", "create", "--addr", addrs, "payments", "--ttl", "5m", "--max-ttl", "1h", "--mode", "sliding")
+	if code != 0 || !strings.Contains(out, "payments") || !strings.Contains(out, "sliding") {
+		t.Fatalf("namespace create: %d %q %s", code, out, errs)
+	}
+	code, _, errs = runCLI(t, ctx, "", "namespace", "create", "--addr", addrs, "payments")
+	if code != exitError {
+		t.Fatalf("creating a namespace twice: exit %d, want 1", code)
+	}
+	assertOneLine(t, errs)
+	code, out, _ = runCLI(t, ctx, "", "namespace", "describe", "--addr", addrs, "-o", "json", "payments")
+	var ns map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &ns) != nil || ns["default_ttl_ms"] != float64(300000) || ns["mode"] != "sliding" {
+		t.Fatalf("describe: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "namespace", "list", "--addr", addrs)
+	if code != 0 || !strings.Contains(out, "default") || !strings.Contains(out, "payments") {
+		t.Fatalf("list: %d %q", code, out)
+	}
+	code, out, _ = runCLI(t, ctx, "", "members", "--addr", addrs, "-o", "json")
+	if code != 0 || strings.Count(out, "\n") != 3 {
+		t.Fatalf("members: %d %q", code, out)
+	}
+	code, _, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "--ttl", "3650d", "x")
+	if code != exitError || !strings.Contains(errs, "nothing applied") {
+		t.Fatalf("ttl over max: exit %d stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
+}
