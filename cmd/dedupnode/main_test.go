@@ -351,7 +351,7 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	if code != 0 || out != "order-1\tok\n" {
 		t.Fatalf("forget: %d %q", code, out)
 	}
-	code, out, _ = runCLI(t, ctx, "", "check", "--addr", addrs, "--consistency", "stale", "order-1")
+	code, out, _ = runCLI(t, ctx, "", "check", "--addr", addrs, "--consistency", "linearizable", "order-1")
 	if code != 0 || !strings.HasPrefix(out, "order-1\tnot_seen") {
 		t.Fatalf("check after forget: %d %q", code, out)
 	}
