@@ -1,0 +1,373 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
+)
+
+// TestInvariant9_BadInput_InvalidArgumentNothingWritten sends invalid
+// requests through every node: each fails with InvalidArgument (NotFound
+// for an unknown namespace) naming the field, and no node's log, applied
+// index or Bloom filters change. A valid retry then succeeds.
+func TestInvariant9_BadInput_InvalidArgumentNothingWritten(t *testing.T) {
+	tc := startCluster(t, clusterOpts{n: 3, maxBatch: 100})
+	ctx := rpcCtx(t)
+	type snap struct{ last, applied, bloomIDs uint64 }
+	snapshot := func() map[string]snap {
+		out := map[string]snap{}
+		for _, nd := range tc.nodes {
+			st, err := nd.srv.Node().Status()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[nd.id] = snap{st.LastLogIndex, st.AppliedIndex, st.FSM.Bloom.IDs}
+		}
+		return out
+	}
+	last := tc.leader().srv.Node().Raft().LastIndex()
+	waitFor(t, 20*time.Second, "every node to apply the whole log", func() bool {
+		for _, nd := range tc.nodes {
+			if nd.srv.Node().FSM().AppliedIndex() != last {
+				return false
+			}
+		}
+		return true
+	})
+	before := snapshot()
+
+	long := bytes.Repeat([]byte("x"), 513)
+	tooMany := markItems(ids("many", 101))
+	cases := []struct {
+		name  string
+		call  func(dedupv1.DedupClient) error
+		code  codes.Code
+		field string
+	}{
+		{"empty id", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: markItems([][]byte{[]byte("ok"), {}}), RequestToken: []byte("t")})
+			return err
+		}, codes.InvalidArgument, "items[1].id"},
+		{"id too long", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: markItems([][]byte{[]byte("ok"), long})})
+			return err
+		}, codes.InvalidArgument, "items[1].id"},
+		{"batch too large", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: tooMany})
+			return err
+		}, codes.InvalidArgument, "items"},
+		{"ttl above max", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("a", 1)), TtlMs: 400 * 24 * 3600 * 1000})
+			return err
+		}, codes.InvalidArgument, "ttl_ms"},
+		{"negative ttl", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("a", 1)), TtlMs: -5})
+			return err
+		}, codes.InvalidArgument, "ttl_ms"},
+		{"token too long", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("a", 1)), RequestToken: bytes.Repeat([]byte("t"), 65)})
+			return err
+		}, codes.InvalidArgument, "request_token"},
+		{"digest too long", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Items: []*dedupv1.MarkItem{{Id: []byte("a"), Digest: bytes.Repeat([]byte("d"), 65)}}})
+			return err
+		}, codes.InvalidArgument, "items[0].digest"},
+		{"bad namespace name", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Namespace: "no spaces", Items: markItems(ids("a", 1))})
+			return err
+		}, codes.InvalidArgument, "namespace"},
+		{"unknown namespace", func(c dedupv1.DedupClient) error {
+			_, err := c.Mark(ctx, &dedupv1.MarkRequest{Namespace: "nope", Items: markItems(ids("a", 1))})
+			return err
+		}, codes.NotFound, "nope"},
+		{"claim lease above max", func(c dedupv1.DedupClient) error {
+			_, err := c.Claim(ctx, &dedupv1.ClaimRequest{Items: []*dedupv1.ClaimItem{{Id: []byte("a")}}, LeaseMs: 400 * 24 * 3600 * 1000})
+			return err
+		}, codes.InvalidArgument, "lease_ms"},
+		{"commit without fencing token", func(c dedupv1.DedupClient) error {
+			_, err := c.Commit(ctx, &dedupv1.CommitRequest{Items: []*dedupv1.LeaseItem{{Id: []byte("a")}}})
+			return err
+		}, codes.InvalidArgument, "items[0].fencing_token"},
+		{"no items", func(c dedupv1.DedupClient) error {
+			_, err := c.Release(ctx, &dedupv1.ReleaseRequest{})
+			return err
+		}, codes.InvalidArgument, "items"},
+		{"forget empty id", func(c dedupv1.DedupClient) error {
+			_, err := c.Forget(ctx, &dedupv1.ForgetRequest{Ids: [][]byte{[]byte("a"), {}}})
+			return err
+		}, codes.InvalidArgument, "ids[1]"},
+		{"check empty id", func(c dedupv1.DedupClient) error {
+			_, err := c.Check(ctx, &dedupv1.CheckRequest{Ids: [][]byte{{}}})
+			return err
+		}, codes.InvalidArgument, "ids[0]"},
+		{"check id too long", func(c dedupv1.DedupClient) error {
+			_, err := c.Check(ctx, &dedupv1.CheckRequest{Ids: [][]byte{[]byte("a"), long}})
+			return err
+		}, codes.InvalidArgument, "ids[1]"},
+		{"check bad consistency", func(c dedupv1.DedupClient) error {
+			_, err := c.Check(ctx, &dedupv1.CheckRequest{Ids: ids("a", 1), Consistency: 7})
+			return err
+		}, codes.InvalidArgument, "consistency"},
+	}
+	for _, nd := range tc.nodes {
+		for _, c := range cases {
+			err := c.call(nd.dedup)
+			st, _ := status.FromError(err)
+			if st.Code() != c.code || !strings.Contains(st.Message(), c.field) {
+				t.Errorf("%s via %s: got %v %q, want %v naming %q", c.name, nd.id, st.Code(), st.Message(), c.code, c.field)
+			}
+		}
+	}
+	if after := snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("rejected requests changed state:\nbefore %v\nafter  %v", before, after)
+	}
+	// The corrected request succeeds.
+	resp, err := tc.nodes[1].dedup.Mark(ctx, &dedupv1.MarkRequest{Items: markItems([][]byte{[]byte("ok"), []byte("fixed")}), RequestToken: []byte("t")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMarkCodes(t, resp, 2, dedupv1.MarkResult_NEW)
+}
+
+func TestNamespaceAdmin(t *testing.T) {
+	tc := startCluster(t, clusterOpts{n: 3})
+	ctx := rpcCtx(t)
+	f := tc.followers()
+	created, err := f[0].admin.CreateNamespace(ctx, &dedupv1.CreateNamespaceRequest{Namespace: &dedupv1.Namespace{
+		Name: "orders", DefaultTtlMs: 60_000, MaxTtlMs: 3_600_000, ExpiryMode: dedupv1.ExpiryMode_EXPIRY_MODE_SLIDING,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns := created.Namespace; ns.DefaultTtlMs != 60_000 || ns.MaxIdBytes != 512 || ns.ExpiryMode != dedupv1.ExpiryMode_EXPIRY_MODE_SLIDING || ns.BucketWidthMs == 0 {
+		t.Fatalf("created %v", ns)
+	}
+	_, err = f[1].admin.CreateNamespace(ctx, &dedupv1.CreateNamespaceRequest{Namespace: &dedupv1.Namespace{Name: "orders"}})
+	wantStatus(t, err, codes.AlreadyExists, "orders")
+	_, err = f[1].admin.CreateNamespace(ctx, &dedupv1.CreateNamespaceRequest{Namespace: &dedupv1.Namespace{Name: "bad", DefaultTtlMs: 10, MaxTtlMs: 5}})
+	wantStatus(t, err, codes.InvalidArgument, "default_ttl_ms")
+
+	// Every node describes it at once (linearizable).
+	for _, nd := range tc.nodes {
+		d, err := nd.admin.DescribeNamespace(ctx, &dedupv1.DescribeNamespaceRequest{Name: "orders"})
+		if err != nil || d.Namespace.MaxTtlMs != 3_600_000 {
+			t.Fatalf("describe via %s: %v %v", nd.id, d, err)
+		}
+	}
+	upd, err := f[1].admin.UpdateNamespace(ctx, &dedupv1.UpdateNamespaceRequest{Namespace: &dedupv1.Namespace{Name: "orders", DefaultTtlMs: 120_000}})
+	if err != nil || upd.Namespace.DefaultTtlMs != 120_000 || upd.Namespace.MaxTtlMs != 3_600_000 {
+		t.Fatalf("update: %v %v", upd, err)
+	}
+	_, err = f[1].admin.UpdateNamespace(ctx, &dedupv1.UpdateNamespaceRequest{Namespace: &dedupv1.Namespace{Name: "orders", BucketWidthMs: 7}})
+	wantStatus(t, err, codes.InvalidArgument, "bucket_width_ms")
+	list, err := f[0].admin.ListNamespaces(ctx, &dedupv1.ListNamespacesRequest{})
+	if err != nil || len(list.Namespaces) != 2 || list.Namespaces[0].Name != "default" || list.Namespaces[1].Name != "orders" {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	resp, err := f[0].dedup.Mark(ctx, &dedupv1.MarkRequest{Namespace: "orders", Items: markItems(ids("o", 3))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMarkCodes(t, resp, 3, dedupv1.MarkResult_NEW)
+	if r := resp.Results[0].Record; r.ExpiresUnixMs-r.FirstSeenUnixMs != 120_000 {
+		t.Fatalf("TTL %d, want the updated default 120000", r.ExpiresUnixMs-r.FirstSeenUnixMs)
+	}
+	if _, err := f[1].admin.DeleteNamespace(ctx, &dedupv1.DeleteNamespaceRequest{Name: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f[0].dedup.Check(ctx, &dedupv1.CheckRequest{Namespace: "orders", Ids: ids("o", 1)})
+	wantStatus(t, err, codes.NotFound, "orders")
+	_, err = f[0].admin.DeleteNamespace(ctx, &dedupv1.DeleteNamespaceRequest{Name: "default"})
+	wantStatus(t, err, codes.InvalidArgument, "default")
+}
+
+func TestAutoCreateNamespaces(t *testing.T) {
+	tc := startCluster(t, clusterOpts{n: 1, autoCreate: true})
+	ctx := rpcCtx(t)
+	c := tc.nodes[0].dedup
+	chk, err := c.Check(ctx, &dedupv1.CheckRequest{Namespace: "fresh", Ids: ids("f", 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCheckCodes(t, chk, 2, dedupv1.CheckResult_NOT_SEEN)
+	// Concurrent first writes to one new namespace: one creates it, the
+	// others' CreateNamespace is ignored; every ID is NEW exactly once.
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Mark(ctx, &dedupv1.MarkRequest{Namespace: "fresh", Items: markItems(ids(fmt.Sprint("w", w), 5))})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, r := range resp.Results {
+				if r.Code != dedupv1.MarkResult_NEW {
+					t.Errorf("auto-created namespace: %v", r.Code)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d, err := tc.nodes[0].admin.DescribeNamespace(ctx, &dedupv1.DescribeNamespaceRequest{Name: "fresh"})
+	if err != nil || d.Namespace.DefaultTtlMs != 24*3600*1000 {
+		t.Fatalf("describe: %v %v", d, err)
+	}
+}
+
+func TestHealthAndReflection(t *testing.T) {
+	tc := startCluster(t, clusterOpts{n: 3})
+	ctx := rpcCtx(t)
+	for _, nd := range tc.nodes {
+		h := healthpb.NewHealthClient(nd.cc)
+		waitFor(t, 20*time.Second, "SERVING via "+nd.id, func() bool {
+			r, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "dedup.v1.Dedup"})
+			return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
+		})
+	}
+	stream, err := reflectionpb.NewServerReflectionClient(tc.nodes[0].cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range r.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	for _, want := range []string{"dedup.v1.Dedup", "dedup.v1.Admin", "dedup.v1.Internal", "grpc.health.v1.Health"} {
+		if !strings.Contains(strings.Join(names, ","), want) {
+			t.Fatalf("reflection lists %v, missing %s", names, want)
+		}
+	}
+	stream.CloseSend()
+
+	// A node that lost its quorum stops reporting SERVING.
+	for _, f := range tc.followers() {
+		tc.close(f)
+	}
+	h := healthpb.NewHealthClient(tc.live()[0].cc)
+	waitFor(t, 20*time.Second, "NOT_SERVING without quorum", func() bool {
+		r, err := h.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && r.Status == healthpb.HealthCheckResponse_NOT_SERVING
+	})
+}
+
+// TestJoin_BootstrapThenJoin_PromotedToVoter starts one node with
+// Bootstrap, joins two more through it and a fourth through a follower
+// (the Join is forwarded), and waits until all four are voters.
+func TestJoin_BootstrapThenJoin_PromotedToVoter(t *testing.T) {
+	log := newTestLogger(t)
+	root := t.TempDir()
+	var servers []*Server
+	t.Cleanup(func() {
+		for i := len(servers) - 1; i >= 0; i-- {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			if err := servers[i].Close(ctx); err != nil {
+				t.Errorf("close: %v", err)
+			}
+			cancel()
+		}
+	})
+	start := func(id string, bootstrap bool, join ...string) *Server {
+		cfg := Config{
+			Cluster: cluster.Config{
+				NodeID: id, DataDir: root + "/" + id, RaftAddr: "127.0.0.1:0", Bootstrap: bootstrap, Logger: log,
+			},
+			ListenAddr: "127.0.0.1:0",
+			Join:       join,
+		}
+		fastRaft(&cfg.Cluster)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		s, err := Start(ctx, cfg)
+		if err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		servers = append(servers, s)
+		return s
+	}
+	s1 := start("j1", true)
+	waitFor(t, 20*time.Second, "j1 leader", func() bool { return s1.Node().Healthy() && s1.Node().IsLeader() })
+	start("j2", false, s1.GRPCAddr())
+	s3 := start("j3", false, "127.0.0.1:1", s1.GRPCAddr()) // a dead address first: the joiner moves on
+	voters := func(want int) func() bool {
+		return func() bool {
+			st, err := s1.Node().Status()
+			if err != nil {
+				return false
+			}
+			n := 0
+			for _, m := range st.Members {
+				if m.Suffrage == "voter" && m.GRPCAddr != "" {
+					n++
+				}
+			}
+			return n == want
+		}
+	}
+	waitFor(t, 30*time.Second, "3 voters", voters(3))
+	s4 := start("j4", false, s3.GRPCAddr()) // through a follower
+	waitFor(t, 30*time.Second, "4 voters", voters(4))
+
+	cc, err := grpc.NewClient(s4.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx := rpcCtx(t)
+	resp, err := dedupv1.NewDedupClient(cc).Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("j", 5))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMarkCodes(t, resp, 5, dedupv1.MarkResult_NEW)
+	chk, err := dedupv1.NewDedupClient(cc).Check(ctx, &dedupv1.CheckRequest{Ids: ids("j", 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCheckCodes(t, chk, 5, dedupv1.CheckResult_SEEN)
+	st, err := dedupv1.NewAdminClient(cc).Status(ctx, &dedupv1.StatusRequest{})
+	if err != nil || st.LeaderId != "j1" || len(st.Members) != 4 || st.NodeId != "j4" {
+		t.Fatalf("status via j4: %v %v", st, err)
+	}
+
+	// Remove a voter through a follower, then transfer leadership.
+	admin := dedupv1.NewAdminClient(cc)
+	if _, err := admin.Remove(ctx, &dedupv1.RemoveRequest{NodeId: "j2"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "3 voters after remove", voters(3))
+	_, err = admin.Remove(ctx, &dedupv1.RemoveRequest{NodeId: "nobody"})
+	wantStatus(t, err, codes.NotFound, "nobody")
+	tr, err := admin.TransferLeadership(ctx, &dedupv1.TransferLeadershipRequest{NodeId: "j4"})
+	if err != nil || tr.NewLeaderId != "j4" {
+		t.Fatalf("transfer: %v %v", tr, err)
+	}
+	resp, err = dedupv1.NewDedupClient(cc).Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("j", 6))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Results[5].Code != dedupv1.MarkResult_NEW || resp.Results[0].Code != dedupv1.MarkResult_DUPLICATE {
+		t.Fatalf("after transfer: %v", resp.Results)
+	}
+}
