@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dedupnode/dedupnode/bench"
+)
+
+func dedupnodeSystem(nodes int, quick, full []Case) system {
+	return system{
+		Key:   fmt.Sprintf("dedupnode-%d", nodes),
+		Name:  fmt.Sprintf("dedupnode, %d node%s", nodes, plural(nodes)),
+		Kind:  "dedupnode",
+		Nodes: nodes,
+		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev); " +
+			"the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
+		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes) },
+		Quick: quick,
+		Full:  full,
+	}
+}
+
+type dedupInst struct {
+	ps    []*proc
+	addrs []string
+	sys   string
+	conns int
+}
+
+func startDedupnode(ctx context.Context, e *env, nodes int) (*dedupInst, error) {
+	if e.cfg.DedupnodeBin == "" {
+		return nil, fmt.Errorf("%w: no --dedupnode-bin given", errSkip)
+	}
+	sys := fmt.Sprintf("dedupnode-%d", nodes)
+	inst := &dedupInst{sys: sys, conns: e.cfg.GRPCConns}
+	if e.cfg.DedupnodeMode == "dev" {
+		dir, err := e.dir(sys)
+		if err != nil {
+			return nil, err
+		}
+		w := newLineWatcher("addrs:")
+		p, err := startProc(startOpts{name: sys + " (dev)", path: e.cfg.DedupnodeBin,
+			args: []string{"dev", "--nodes", fmt.Sprint(nodes), "--base-port", "0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn"},
+			dir:  dir, logPath: filepath.Join(dir, "dedupnode.log"), stdout: w, stopSig: 2})
+		if err != nil {
+			return nil, err
+		}
+		inst.ps = append(inst.ps, p)
+		select {
+		case line := <-w.found:
+			inst.addrs = strings.Split(strings.TrimSpace(line), ",")
+		case <-p.done:
+			return nil, fmt.Errorf("dedupnode dev exited; log tail:\n%s", p.tailLog(15))
+		case <-time.After(90 * time.Second):
+			inst.Close()
+			return nil, fmt.Errorf("dedupnode dev printed no addrs line in 90 s; log tail:\n%s", p.tailLog(15))
+		}
+	} else {
+		ports, err := freePorts(2 * nodes)
+		if err != nil {
+			return nil, err
+		}
+		var peers []string
+		for i := 0; i < nodes; i++ {
+			g := fmt.Sprintf("127.0.0.1:%d", ports[2*i])
+			r := fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])
+			inst.addrs = append(inst.addrs, g)
+			peers = append(peers, fmt.Sprintf("n%d=%s=%s", i+1, r, g))
+		}
+		for i := 0; i < nodes; i++ {
+			dir, err := e.dir(fmt.Sprintf("%s-n%d", sys, i+1))
+			if err != nil {
+				inst.Close()
+				return nil, err
+			}
+			args := []string{"serve", "--node-id", fmt.Sprintf("n%d", i+1), "--data-dir", filepath.Join(dir, "data"),
+				"--grpc-addr", inst.addrs[i], "--raft-addr", strings.Split(peers[i], "=")[1], "--log-level", "warn"}
+			if nodes == 1 {
+				args = append(args, "--bootstrap")
+			} else {
+				args = append(args, "--peers", strings.Join(peers, ","))
+			}
+			p, err := startProc(startOpts{name: fmt.Sprintf("%s node n%d", sys, i+1), path: e.cfg.DedupnodeBin, args: args,
+				dir: dir, logPath: filepath.Join(dir, "dedupnode.log")})
+			if err != nil {
+				inst.Close()
+				return nil, err
+			}
+			inst.ps = append(inst.ps, p)
+		}
+	}
+	err := waitFor(ctx, sys+" leader", 90*time.Second, inst.ps, func(ctx context.Context) error {
+		_, err := bench.WaitReady(ctx, inst.addrs, time.Second)
+		return err
+	})
+	if err != nil {
+		inst.Close()
+		return nil, err
+	}
+	return inst, nil
+}
+
+func (d *dedupInst) Supports(w string) bool { return true }
+
+func (d *dedupInst) Close() {
+	for _, p := range d.ps {
+		p.stop()
+	}
+}
+
+func (d *dedupInst) Run(ctx context.Context, c Case, rc runCfg) (*bench.Result, error) {
+	var pids []int
+	for _, p := range d.ps {
+		pids = append(pids, p.pid)
+	}
+	var cpu0, self0, cpu1, self1 float64
+	res, err := bench.Run(ctx, bench.Config{
+		Addrs:           d.addrs,
+		Namespace:       "bench",
+		Workload:        c.Workload,
+		Concurrency:     rc.Concurrency,
+		Batch:           c.Batch,
+		IDSize:          rc.IDSize,
+		Duration:        rc.Duration,
+		Warmup:          rc.Warmup,
+		TTL:             rc.TTL,
+		Timeout:         rc.Timeout,
+		Conns:           d.conns,
+		Preload:         100_000,
+		CreateNamespace: true,
+		Progress:        rc.Progress,
+		Label:           fmt.Sprintf("%-22s %-10s b%-3d", d.sys, c.Workload, c.Batch),
+		OnMeasure: func(start bool) {
+			if start {
+				cpu0, self0 = cpuSeconds(pids), selfCPUSeconds()
+			} else {
+				cpu1, self1 = cpuSeconds(pids), selfCPUSeconds()
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.System = d.sys
+	fillCPU(res, cpu1-cpu0, self1-self0)
+	return res, nil
+}
+
+func dedupnodeVersion(bin string) string {
+	if bin == "" {
+		return ""
+	}
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+}
