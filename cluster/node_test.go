@@ -1,0 +1,299 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/fsm"
+)
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func testConfig(dir string, bootstrap bool) Config {
+	return Config{
+		NodeID:             "solo",
+		DataDir:            dir,
+		RaftAddr:           "127.0.0.1:0",
+		GRPCAddr:           "127.0.0.1:1", // not served in these tests
+		Bootstrap:          bootstrap,
+		HeartbeatTimeout:   300 * time.Millisecond,
+		ElectionTimeout:    300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond,
+	}
+}
+
+// startNode starts a node and waits until it is a ready leader (when
+// bootstrapping). The node is shut down at cleanup if still running.
+func startNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Shutdown(context.Background()) })
+	if cfg.Bootstrap {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		waitFor(t, 30*time.Second, "leader", n.IsLeader)
+		if err := n.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+func markOp(ids ...string) fsm.Op {
+	op := fsm.Op{Kind: fsm.OpMark}
+	for _, id := range ids {
+		op.Items = append(op.Items, fsm.Item{ID: []byte(id), Token: []byte("tok-" + id)})
+	}
+	return op
+}
+
+func TestGroupCommit_CoalescesConcurrentProposals(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir(), true))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	before := n.Raft().LastIndex()
+	const callers = 300
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := n.Propose(ctx, []fsm.Op{markOp(fmt.Sprintf("id-%d", i)), markOp(fmt.Sprintf("id-%d-b", i))})
+			if err != nil {
+				errs <- err
+				return
+			}
+			// Results come back per caller, in op order.
+			if len(res) != 2 || res[0].Err != nil || res[1].Err != nil ||
+				res[0].Items[0].Code != fsm.CodeNew || string(res[0].Items[0].Record.Token) != fmt.Sprintf("tok-id-%d", i) ||
+				string(res[1].Items[0].Record.Token) != fmt.Sprintf("tok-id-%d-b", i) {
+				errs <- fmt.Errorf("caller %d: results %+v", i, res)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	entries := n.Raft().LastIndex() - before
+	t.Logf("%d callers -> %d raft entries", callers, entries)
+	if entries >= callers {
+		t.Fatalf("%d callers took %d entries: no grouping", callers, entries)
+	}
+}
+
+func TestGroupCommit_CapsItemsPerEntry(t *testing.T) {
+	cfg := testConfig(t.TempDir(), true)
+	cfg.MaxGroupItems = 10
+	cfg.MaxInflight = 1
+	n := startNode(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// One request above the cap still goes (alone).
+	big := make([]string, 25)
+	for i := range big {
+		big[i] = fmt.Sprintf("big-%d", i)
+	}
+	res, err := n.Propose(ctx, []fsm.Op{markOp(big...)})
+	if err != nil || len(res[0].Items) != 25 {
+		t.Fatalf("big request: %v %v", res, err)
+	}
+	before := n.Raft().LastIndex()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.Propose(ctx, []fsm.Op{markOp(fmt.Sprintf("c-%d", i))}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if entries := n.Raft().LastIndex() - before; entries < 4 {
+		t.Fatalf("40 one-item calls with a cap of 10 items took %d entries, want at least 4", entries)
+	}
+}
+
+func TestPropose_NotLeader_FailsFast(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir(), false)) // no bootstrap: no cluster, no leader
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := n.Propose(ctx, []fsm.Op{markOp("a")})
+	var nl *NotLeaderError
+	if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) || nl.LeaderID != "" {
+		t.Fatalf("propose on a lone follower: %v", err)
+	}
+	if _, err := n.ReadIndex(ctx); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("read index on a lone follower: %v", err)
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("took %v, want fast failure", time.Since(start))
+	}
+	if n.Healthy() {
+		t.Fatal("a node without a leader reports healthy")
+	}
+}
+
+func TestReadIndex_CoversAcknowledgedWrites(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir(), true))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		if _, err := n.Propose(ctx, []fsm.Op{markOp(fmt.Sprintf("r-%d", i))}); err != nil {
+			t.Fatal(err)
+		}
+		idx, err := n.ReadIndex(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.FSM().WaitApplied(ctx, idx); err != nil {
+			t.Fatal(err)
+		}
+		res, err := n.FSM().Check("", [][]byte{[]byte(fmt.Sprintf("r-%d", i))}, n.FSM().LastTimestamp())
+		if err != nil || res[0].Code != fsm.CodeSeen {
+			t.Fatalf("after read index %d: %v %v", idx, res, err)
+		}
+	}
+}
+
+// TestInvariant5_LeaderTimestampsNeverGoBackwards: stamps grow across
+// calls and across a restart (a new term on the same node).
+func TestInvariant5_LeaderTimestampsNeverGoBackwards(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, true)
+	n := startNode(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var last int64
+	check := func(n *Node, prefix string) {
+		for i := range 20 {
+			res, err := n.Propose(ctx, []fsm.Op{markOp(fmt.Sprintf("%s-%d", prefix, i))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := res[0].Items[0].Record.FirstSeenMs
+			if ts < last {
+				t.Fatalf("timestamp went back from %d to %d", last, ts)
+			}
+			last = ts
+		}
+	}
+	check(n, "a")
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n2 := startNode(t, cfg)
+	if n2.FSM().LastTimestamp() < last {
+		t.Fatalf("restarted FSM's last timestamp %d < %d", n2.FSM().LastTimestamp(), last)
+	}
+	check(n2, "b")
+}
+
+// TestRestart_SkipsSnapshotRestore_WhenFSMIsCurrent and the FSM-lost case:
+// with the FSM's data intact, a restart does not re-ingest the snapshot;
+// with the FSM's directory gone, the snapshot is restored and the log
+// replayed, so nothing is lost either way.
+func TestRestart_SnapshotRestoreOnlyWhenFSMBehind(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, true)
+	n := startNode(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 30 {
+		if _, err := n.Propose(ctx, []fsm.Op{markOp(fmt.Sprintf("s-%d", i))}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 19 {
+			if err := n.Raft().Snapshot().Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	applied := n.FSM().AppliedIndex()
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatalf("second shutdown: %v", err)
+	}
+
+	seenAll := func(n *Node) {
+		t.Helper()
+		ids := make([][]byte, 30)
+		for i := range ids {
+			ids[i] = []byte(fmt.Sprintf("s-%d", i))
+		}
+		res, err := n.FSM().Check("", ids, n.FSM().LastTimestamp())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if r.Code != fsm.CodeSeen {
+				t.Fatalf("id %d after restart: %v", i, r.Code)
+			}
+		}
+	}
+
+	// FSM current: no restore needed.
+	n2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skip, err := n2.canSkipRestore(); err != nil || !skip {
+		t.Fatalf("canSkipRestore with a current FSM: %v %v", skip, err)
+	}
+	if n2.FSM().AppliedIndex() != applied {
+		t.Fatalf("applied %d after restart, want %d", n2.FSM().AppliedIndex(), applied)
+	}
+	seenAll(n2)
+	if err := n2.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// FSM lost: restore from the snapshot, then replay the log.
+	if err := os.RemoveAll(filepath.Join(dir, "fsm")); err != nil {
+		t.Fatal(err)
+	}
+	n3 := startNode(t, cfg)
+	waitFor(t, 30*time.Second, "replay up to the old applied index", func() bool { return n3.FSM().AppliedIndex() >= applied })
+	seenAll(n3)
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []Config{
+		{},
+		{NodeID: "a", DataDir: "d", RaftAddr: "127.0.0.1:0", GRPCAddr: "x", Peers: []Peer{{ID: "b", RaftAddr: "r"}}},
+		{NodeID: "a", DataDir: "d", RaftAddr: "127.0.0.1:0", GRPCAddr: "x", Peers: []Peer{{ID: "a", RaftAddr: "r"}, {ID: "a", RaftAddr: "s"}}},
+	} {
+		if _, err := New(c); err == nil {
+			t.Fatalf("config %+v accepted", c)
+		}
+	}
+	cfg := testConfig(t.TempDir(), true)
+	cfg.RaftAddr = "0.0.0.0:0"
+	if _, err := New(cfg); err == nil {
+		t.Fatal("unadvertisable raft address accepted")
+	}
+}
