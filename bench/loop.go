@@ -140,6 +140,17 @@ func RunLoop(ctx context.Context, spec Spec, newOp func(worker int) (Op, error))
 		stopWhy  atomic.Pointer[string]
 	)
 	countMode := spec.Count > 0
+	var start time.Time
+	openWindow := func() {
+		start = time.Now()
+		startNs.Store(start.UnixNano())
+		if spec.OnMeasure != nil {
+			spec.OnMeasure(true)
+		}
+	}
+	if spec.Warmup <= 0 {
+		openWindow() // before the workers start, so every op counts
+	}
 	recs := make([]*Recorder, spec.Concurrency)
 	var wg sync.WaitGroup
 	for w := 0; w < spec.Concurrency; w++ {
@@ -291,11 +302,7 @@ func RunLoop(ctx context.Context, spec Spec, newOp func(worker int) (Op, error))
 	early := false
 	if spec.Warmup > 0 {
 		early = !wait(spec.Warmup)
-	}
-	start := time.Now()
-	startNs.Store(start.UnixNano())
-	if spec.OnMeasure != nil {
-		spec.OnMeasure(true)
+		openWindow()
 	}
 	var end time.Time
 	if countMode {

@@ -127,9 +127,12 @@ type Result struct {
 	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
 	// Server CPU seconds spent during the measured window, summed over the
 	// server processes (filled by harnesses that own the servers).
-	ServerCPUSec  float64 `json:"server_cpu_sec,omitempty"`
-	CPUUsPerID    float64 `json:"server_cpu_us_per_id,omitempty"`
-	ClientCPUSec  float64 `json:"client_cpu_sec,omitempty"`
+	ServerCPUSec float64 `json:"server_cpu_sec,omitempty"`
+	CPUUsPerID   float64 `json:"server_cpu_us_per_id,omitempty"`
+	ClientCPUSec float64 `json:"client_cpu_sec,omitempty"`
+	// CPU seconds the rest of the machine used in the window (other
+	// processes sharing the box): a measure of how noisy the figure is.
+	OtherCPUSec   float64 `json:"other_cpu_sec,omitempty"`
 	Note          string  `json:"note,omitempty"`
 	StartedAt     string  `json:"started_at,omitempty"`
 	DuplicateRate float64 `json:"duplicate_ratio,omitempty"`

@@ -54,7 +54,7 @@ type system struct {
 func runOps(ctx context.Context, sys string, c Case, rc runCfg, pids []int,
 	newOp func(worker int, gen *bench.IDGen) (bench.Op, error)) (*bench.Result, error) {
 	seed := bench.NewRunSeed()
-	var cpu0, self0, cpu1, self1 float64
+	var c0, c1 cpuSample
 	spec := bench.Spec{
 		Label:       fmt.Sprintf("%-22s %-10s b%-3d", sys, c.Workload, c.Batch),
 		Concurrency: rc.Concurrency,
@@ -64,9 +64,9 @@ func runOps(ctx context.Context, sys string, c Case, rc runCfg, pids []int,
 		Progress:    rc.Progress,
 		OnMeasure: func(start bool) {
 			if start {
-				cpu0, self0 = cpuSeconds(pids), selfCPUSeconds()
+				c0 = sampleCPU(pids)
 			} else {
-				cpu1, self1 = cpuSeconds(pids), selfCPUSeconds()
+				c1 = sampleCPU(pids)
 			}
 		},
 	}
@@ -86,7 +86,7 @@ func runOps(ctx context.Context, sys string, c Case, rc runCfg, pids []int,
 		StartedAt:   time.Now().UTC().Format(time.RFC3339),
 	}
 	bench.Summarize(res, lr.Rec, lr.Elapsed)
-	fillCPU(res, cpu1-cpu0, self1-self0)
+	fillCPU(res, c0, c1)
 	note := lr.Stopped
 	if lr.FirstError != "" {
 		msg := lr.FirstError
@@ -102,9 +102,11 @@ func runOps(ctx context.Context, sys string, c Case, rc runCfg, pids []int,
 	return res, nil
 }
 
-func fillCPU(res *bench.Result, server, client float64) {
+func fillCPU(res *bench.Result, c0, c1 cpuSample) {
+	server, client := c1.server-c0.server, c1.self-c0.self
 	res.ServerCPUSec = round3(server)
 	res.ClientCPUSec = round3(client)
+	res.OtherCPUSec = round3(max(0, (c1.machine-c0.machine)-server-client))
 	if res.IDs > 0 && server > 0 {
 		res.CPUUsPerID = round3(server * 1e6 / float64(res.IDs))
 	}

@@ -230,9 +230,9 @@ func runMain(args []string) error {
 				continue
 			}
 			res.System = s.Key
-			logf2("%-16s %-12s b%-3d %10s IDs/s  p50 %7.3f ms  p99 %8.3f ms  cpu %6.1f µs/ID  errors %d%s",
+			logf2("%-16s %-12s b%-3d %10s IDs/s  p50 %7.3f ms  p99 %8.3f ms  cpu %6.1f µs/ID  errors %d  other load %.2f%s",
 				s.Key, c.Workload, c.Batch, bench.Human(res.IDsPerSec), res.P50Ms, res.P99Ms, res.CPUUsPerID, res.Errors,
-				noteSuffix(res))
+				res.OtherCPUSec/max(res.DurationSec, 0.001), noteSuffix(res))
 			rep.addResult(s, res)
 		}
 		inst.Close()

@@ -321,3 +321,33 @@ var errSkip = errors.New("skipped")
 func logf2(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
+
+// machineBusySeconds is the CPU time all processes on the machine spent
+// (user, nice, system, irq, softirq, steal), from /proc/stat.
+func machineBusySeconds() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for i, v := range f[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	return float64(ticks) / 100
+}
+
+// cpuSample is the CPU clock of the servers, this harness and the machine.
+type cpuSample struct{ server, self, machine float64 }
+
+func sampleCPU(pids []int) cpuSample {
+	return cpuSample{server: cpuSeconds(pids), self: selfCPUSeconds(), machine: machineBusySeconds()}
+}

@@ -66,7 +66,7 @@ func newReport(cfg *config) *report {
 			"measured per case": cfg.Duration.String(),
 			"warm-up per case":  cfg.Warmup.String(),
 			"id size":           fmt.Sprintf("%d bytes, random", cfg.IDSize),
-			"ttl":               cfg.TTL.String(),
+			"ttl":               fmtTTL(cfg.TTL),
 			"dedupnode mode":    cfg.DedupnodeMode,
 			"grpc conns":        fmt.Sprint(cfg.GRPCConns),
 			"addresses":         "loopback only (127.0.0.1), ports from the OS",
@@ -166,8 +166,10 @@ func (r *report) markdown() string {
 	b.WriteString("## Results\n\n")
 	b.WriteString("Throughput in IDs/s; latency of one call (a whole pipeline or batch) in ms; server CPU summed over the system's processes. " +
 		"The ratio columns divide dedupnode's throughput (same workload and batch; batch 16 for PostgreSQL's 100-row statements) by the row's.\n\n")
-	b.WriteString("| system | workload | batch | IDs/s | calls/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/ID | dedupnode 1 node ÷ row | dedupnode 3 nodes ÷ row | errors |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("\"Other load\" is the CPU that processes outside the test (other work on this shared machine) used during the case, in cores out of " +
+		r.Machine["cores"] + ": a row with much of it is understated.\n\n")
+	b.WriteString("| system | workload | batch | IDs/s | calls/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/ID | dedupnode 1 node ÷ row | dedupnode 3 nodes ÷ row | errors | other load |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.Results {
 		r1, r3 := "—", "—"
 		if r.kindOf(x.System) != "dedupnode" {
@@ -181,8 +183,12 @@ func (r *report) markdown() string {
 		if x.Unexpected > 0 {
 			errs += fmt.Sprintf(" (+%d unexpected answers)", x.Unexpected)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n",
-			x.System, x.Workload, x.Batch, fmtRate(x.IDsPerSec), fmtRate(x.CallsPerSec), x.P50Ms, x.P99Ms, x.P999Ms, cpu, r1, r3, errs)
+		other := "—"
+		if x.DurationSec > 0 {
+			other = fmt.Sprintf("%.2f", x.OtherCPUSec/x.DurationSec)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
+			x.System, x.Workload, x.Batch, fmtRate(x.IDsPerSec), fmtRate(x.CallsPerSec), x.P50Ms, x.P99Ms, x.P999Ms, cpu, r1, r3, errs, other)
 	}
 	b.WriteString("\n")
 	if len(r.Failures) > 0 {
@@ -371,4 +377,11 @@ func versions(cfg *config) map[string]string {
 		}
 	}
 	return v
+}
+
+func fmtTTL(d time.Duration) string {
+	if d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%d day(s)", d/(24*time.Hour))
+	}
+	return d.String()
 }
