@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -153,6 +154,21 @@ func dial(addrs []string, perAddr int) (*conns, error) {
 	return cs, nil
 }
 
+// warm connects every connection (bounded by timeout), so the first
+// measured calls do not pay for dialing.
+func (cs *conns) warm(ctx context.Context, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, c := range cs.all {
+		c.Connect()
+		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
+			if !c.WaitForStateChange(ctx, s) {
+				break
+			}
+		}
+	}
+}
+
 func (cs *conns) close() {
 	for _, c := range cs.all {
 		_ = c.Close()
@@ -266,6 +282,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer cs.close()
+	cs.warm(ctx, 5*time.Second)
 	if cfg.CreateNamespace {
 		if err := EnsureNamespace(ctx, cs.get(0), cfg.Namespace, cfg.TTL); err != nil {
 			return nil, err
