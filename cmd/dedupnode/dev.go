@@ -75,7 +75,7 @@ func newDevCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.dataDir, "data-dir", "", "keep the nodes' data in `DIR` (default: a temporary folder deleted on exit)")
 	fs.IntVar(&f.basePort, "base-port", devDefaultBasePort, "gRPC `PORT` of the first node; node i uses PORT+i (gRPC) and PORT+100+i (Raft); 0 = free ports from the OS")
 	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs accepted in one request")
-	fs.StringVar(&f.logLevel, "log-level", "warn", "node log `LEVEL` on stderr: debug, info, warn or error")
+	fs.StringVar(&f.logLevel, "log-level", "error", "node log `LEVEL` on stderr: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
 	return cmd
 }
@@ -97,7 +97,7 @@ func runDev(e *env, f *devFlags) (err error) {
 	if f.maxBatch < 1 {
 		return usagef("--max-batch must be at least 1")
 	}
-	logger, err := newLogger(e.stderr, f.logLevel, f.logFormat)
+	logger, level, err := newLeveledLogger(e.stderr, f.logLevel, f.logFormat)
 	if err != nil {
 		return err
 	}
@@ -155,7 +155,12 @@ func runDev(e *env, f *devFlags) (err error) {
 		}()
 	}
 	wg.Wait()
-	defer stopServers(servers, logger)
+	defer func() {
+		stopServers(servers, logger)
+		if e.ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
+		}
+	}()
 	if err := errors.Join(errs...); err != nil {
 		hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
 		return &opError{err: fmt.Errorf("start dev cluster: %w", err), hint: hint}
@@ -176,6 +181,11 @@ func runDev(e *env, f *devFlags) (err error) {
 
 	<-e.ctx.Done()
 	fmt.Fprintln(e.stderr, "dedupnode dev: stopping")
+	// Every node stops at once: their complaints about each other going
+	// away are expected, so only errors at debug level get through.
+	if level.Level() > slog.LevelDebug {
+		level.Set(slog.LevelError + 4)
+	}
 	return nil
 }
 

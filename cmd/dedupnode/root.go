@@ -118,10 +118,13 @@ func oneLine(s string) string {
 
 func progName() string {
 	p := os.Args[0]
-	if strings.Contains(p, "go-build") {
+	switch {
+	case strings.Contains(p, "go-build"):
 		return "go run ./cmd/dedupnode"
+	case p == "" || strings.HasPrefix(filepath.Base(p), "dedupnode.test"):
+		return "dedupnode"
 	}
-	return filepath.Base(p)
+	return p // as typed: "dedupnode" from $PATH, "./dedupnode", ...
 }
 
 const rootLong = `dedupnode is a replicated message-deduplication store: consumers of

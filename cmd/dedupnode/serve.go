@@ -102,18 +102,25 @@ func newServeCmd(e *env) *cobra.Command {
 
 // newLogger builds the one slog logger threaded through the node.
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var lv slog.Level
+	l, _, err := newLeveledLogger(w, level, format)
+	return l, err
+}
+
+// newLeveledLogger is newLogger with the level variable exposed, so that
+// the caller can quiet the logger later.
+func newLeveledLogger(w io.Writer, level, format string) (*slog.Logger, *slog.LevelVar, error) {
+	lv := &slog.LevelVar{}
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+		return nil, nil, usagef("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), lv, nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), lv, nil
 	}
-	return nil, usagef("--log-format %q: want text or json", format)
+	return nil, nil, usagef("--log-format %q: want text or json", format)
 }
 
 // hasState reports whether dir already holds a node's Raft state.
