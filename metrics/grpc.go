@@ -1,0 +1,109 @@
+package metrics
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// ForwardedHeader is the metadata key a node sets on a call it forwards to
+// the leader (server package). Such calls count with origin "forwarded"
+// and their items are not counted again.
+const ForwardedHeader = "x-dedupnode-forwarded-by"
+
+func isForwarded(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(ForwardedHeader)) > 0
+}
+
+// UnaryServerInterceptor measures every unary call: requests by op, code
+// and origin, latency and batch size; and, for the dedup.v1 Dedup service
+// answered successfully to a client, item results per namespace and the age
+// of every duplicate. Health and reflection calls are not counted.
+func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !strings.HasPrefix(info.FullMethod, "/dedup.") {
+			return handler(ctx, req)
+		}
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		op := OpName(info.FullMethod)
+		origin := OriginClient
+		if isForwarded(ctx) {
+			origin = OriginForwarded
+		}
+		m.ObserveRequest(op, status.Code(err).String(), origin, time.Since(start), batchSize(req))
+		if err == nil && origin == OriginClient {
+			m.observeResponse(op, req, resp)
+		}
+		return resp, err
+	}
+}
+
+// batchSize is the number of items in a dedup request, -1 for others.
+func batchSize(req any) int {
+	switch r := req.(type) {
+	case interface{ GetIds() [][]byte }:
+		return len(r.GetIds())
+	case *dedupv1.MarkRequest:
+		return len(r.Items)
+	case *dedupv1.ClaimRequest:
+		return len(r.Items)
+	case *dedupv1.CommitRequest:
+		return len(r.Items)
+	case *dedupv1.RenewRequest:
+		return len(r.Items)
+	case *dedupv1.ReleaseRequest:
+		return len(r.Items)
+	}
+	return -1
+}
+
+// observeResponse counts item results of a successful dedup call.
+func (m *Metrics) observeResponse(op string, req, resp any) {
+	nsr, ok := req.(interface{ GetNamespace() string })
+	if !ok {
+		return
+	}
+	ns := nsr.GetNamespace()
+	counts := map[string]int{}
+	switch r := resp.(type) {
+	case *dedupv1.MarkResponse:
+		for _, it := range r.Results {
+			res := strings.ToLower(it.Code.String())
+			counts[res]++
+			if it.Code == dedupv1.MarkResult_DUPLICATE && it.Record != nil {
+				m.ObserveDuplicate(ns, time.UnixMilli(it.Record.FirstSeenUnixMs))
+			}
+		}
+	case *dedupv1.ClaimResponse:
+		for _, it := range r.Results {
+			res := strings.ToLower(it.Code.String())
+			counts[res]++
+			if it.Code == dedupv1.ClaimResult_DUPLICATE && it.Record != nil {
+				m.ObserveDuplicate(ns, time.UnixMilli(it.Record.FirstSeenUnixMs))
+			}
+		}
+	case *dedupv1.CheckResponse:
+		for _, it := range r.Results {
+			counts[strings.ToLower(it.Code.String())]++
+		}
+	case *dedupv1.LeaseResponse:
+		for _, it := range r.Results {
+			counts[strings.ToLower(it.Code.String())]++
+		}
+	case *dedupv1.ForgetResponse:
+		for _, it := range r.Results {
+			counts[strings.ToLower(it.Code.String())]++
+		}
+	}
+	for res, n := range counts {
+		m.ObserveItems(ns, op, res, n)
+	}
+}

@@ -1,0 +1,177 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Source supplies a node's figures. Snapshot is called on every scrape,
+// possibly concurrently with everything else the node does: it must be
+// cheap (no I/O beyond reading counters) and safe for concurrent use.
+type Source interface {
+	Snapshot() Snapshot
+}
+
+// SourceFunc adapts a function to Source.
+type SourceFunc func() Snapshot
+
+// Snapshot calls f.
+func (f SourceFunc) Snapshot() Snapshot { return f() }
+
+// Snapshot is a node's figures at one moment.
+type Snapshot struct {
+	Raft    RaftStats
+	Bloom   BloomStats
+	Storage StorageStats
+	// Pebble is the state machine's Pebble metrics; nil leaves them out.
+	Pebble *pebble.Metrics
+}
+
+// RaftStats are Raft figures from this node's point of view.
+type RaftStats struct {
+	// State is leader, follower, candidate or shutdown.
+	State string
+	// LeaderKnown: this node knows a current leader.
+	LeaderKnown bool
+	Term        uint64
+	// CommitIndex is the highest log index known committed; AppliedIndex
+	// the highest whose effects are stored in the state machine.
+	CommitIndex, AppliedIndex uint64
+	LastLogIndex              uint64
+	LastSnapshotIndex         uint64
+	// LastContact is the time since the leader was last heard from (0 on
+	// the leader); negative when never.
+	LastContact time.Duration
+	// Voters and NonVoters in the current configuration.
+	Voters, NonVoters int
+}
+
+// BloomStats are the node's Bloom filter figures.
+type BloomStats struct {
+	Filters, MemoryBytes, IDs uint64
+	BitsPerID                 float64
+	ConfiguredFPRate          float64
+	ObservedFPRate            float64
+	// MaybeLookups and FalsePositives count since start.
+	MaybeLookups, FalsePositives uint64
+	Ready                        bool
+}
+
+// StorageStats are the state machine's figures.
+type StorageStats struct {
+	// IDsStored counts stored records, including expired ones whose bucket
+	// is not yet dropped.
+	IDsStored  uint64
+	Buckets    uint64
+	Namespaces int
+}
+
+var raftStates = []string{"leader", "follower", "candidate", "shutdown"}
+
+type desc struct {
+	d     *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(*Snapshot) (float64, bool)
+}
+
+func gauge(name, help string, v func(*Snapshot) float64) desc {
+	return desc{prometheus.NewDesc(name, help, nil, nil), prometheus.GaugeValue, func(s *Snapshot) (float64, bool) { return v(s), true }}
+}
+
+func counter(name, help string, v func(*Snapshot) float64) desc {
+	return desc{prometheus.NewDesc(name, help, nil, nil), prometheus.CounterValue, func(s *Snapshot) (float64, bool) { return v(s), true }}
+}
+
+func pebbleGauge(name, help string, v func(*pebble.Metrics) float64) desc {
+	return desc{prometheus.NewDesc(name, help, nil, nil), prometheus.GaugeValue, func(s *Snapshot) (float64, bool) {
+		if s.Pebble == nil {
+			return 0, false
+		}
+		return v(s.Pebble), true
+	}}
+}
+
+func pebbleCounter(name, help string, v func(*pebble.Metrics) float64) desc {
+	d := pebbleGauge(name, help, v)
+	d.kind = prometheus.CounterValue
+	return d
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+var nodeDescs = []desc{
+	gauge("dedup_raft_leader_known", "1 if this node knows a current Raft leader.", func(s *Snapshot) float64 { return b2f(s.Raft.LeaderKnown) }),
+	gauge("dedup_raft_term", "Current Raft term.", func(s *Snapshot) float64 { return float64(s.Raft.Term) }),
+	gauge("dedup_raft_commit_index", "Highest Raft log index known to be committed.", func(s *Snapshot) float64 { return float64(s.Raft.CommitIndex) }),
+	gauge("dedup_raft_applied_index", "Highest Raft log index whose effects the state machine has stored.", func(s *Snapshot) float64 { return float64(s.Raft.AppliedIndex) }),
+	gauge("dedup_raft_last_log_index", "Last index in this node's Raft log.", func(s *Snapshot) float64 { return float64(s.Raft.LastLogIndex) }),
+	gauge("dedup_raft_last_snapshot_index", "Raft index of the latest snapshot.", func(s *Snapshot) float64 { return float64(s.Raft.LastSnapshotIndex) }),
+	{prometheus.NewDesc("dedup_raft_last_contact_seconds", "Seconds since this node last heard from the leader (0 on the leader); absent if never.", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) { return s.Raft.LastContact.Seconds(), s.Raft.LastContact >= 0 }},
+	gauge("dedup_raft_voters", "Voters in the current Raft configuration.", func(s *Snapshot) float64 { return float64(s.Raft.Voters) }),
+	gauge("dedup_raft_nonvoters", "Non-voters in the current Raft configuration.", func(s *Snapshot) float64 { return float64(s.Raft.NonVoters) }),
+
+	gauge("dedup_bloom_filters", "Bloom filter segments held.", func(s *Snapshot) float64 { return float64(s.Bloom.Filters) }),
+	gauge("dedup_bloom_memory_bytes", "Memory held by Bloom filters, in bytes.", func(s *Snapshot) float64 { return float64(s.Bloom.MemoryBytes) }),
+	gauge("dedup_bloom_ids", "IDs added to the live Bloom filters.", func(s *Snapshot) float64 { return float64(s.Bloom.IDs) }),
+	gauge("dedup_bloom_bits_per_id", "Bloom filter bits per stored ID.", func(s *Snapshot) float64 { return s.Bloom.BitsPerID }),
+	gauge("dedup_bloom_configured_fp_rate", "Configured Bloom filter false-positive rate (0..1).", func(s *Snapshot) float64 { return s.Bloom.ConfiguredFPRate }),
+	gauge("dedup_bloom_observed_fp_rate", "Observed Bloom filter false-positive rate (0..1): lookups of absent IDs the filters answered \"maybe\".", func(s *Snapshot) float64 { return s.Bloom.ObservedFPRate }),
+	counter("dedup_bloom_maybe_lookups_total", "Bloom lookups answered \"maybe\" (went to Pebble).", func(s *Snapshot) float64 { return float64(s.Bloom.MaybeLookups) }),
+	counter("dedup_bloom_false_positives_total", "Bloom \"maybe\" answers for IDs Pebble did not hold.", func(s *Snapshot) float64 { return float64(s.Bloom.FalsePositives) }),
+	gauge("dedup_bloom_ready", "1 when the Bloom filters are built; 0 while rebuilding (reads then go to Pebble).", func(s *Snapshot) float64 { return b2f(s.Bloom.Ready) }),
+
+	gauge("dedup_storage_ids", "Records stored, including expired ones whose bucket is not yet dropped.", func(s *Snapshot) float64 { return float64(s.Storage.IDsStored) }),
+	gauge("dedup_storage_buckets", "Expiry buckets stored.", func(s *Snapshot) float64 { return float64(s.Storage.Buckets) }),
+	gauge("dedup_namespaces", "Namespaces defined.", func(s *Snapshot) float64 { return float64(s.Storage.Namespaces) }),
+
+	pebbleGauge("dedup_pebble_disk_usage_bytes", "Disk space used by Pebble (sstables, WAL, manifests), in bytes.", func(m *pebble.Metrics) float64 { return float64(m.DiskSpaceUsage()) }),
+	pebbleGauge("dedup_pebble_read_amplification", "Pebble read amplification (sublevels in L0 plus non-empty lower levels).", func(m *pebble.Metrics) float64 { return float64(m.ReadAmp()) }),
+	pebbleGauge("dedup_pebble_l0_files", "Pebble sstables in L0.", func(m *pebble.Metrics) float64 { return float64(m.Levels[0].TablesCount) }),
+	pebbleGauge("dedup_pebble_l0_sublevels", "Pebble L0 sublevels.", func(m *pebble.Metrics) float64 { return float64(m.Levels[0].Sublevels) }),
+	pebbleGauge("dedup_pebble_compaction_debt_bytes", "Estimated bytes Pebble must compact to reach a stable shape.", func(m *pebble.Metrics) float64 { return float64(m.Compact.EstimatedDebt) }),
+	pebbleGauge("dedup_pebble_compactions_in_progress", "Pebble compactions running.", func(m *pebble.Metrics) float64 { return float64(m.Compact.NumInProgress) }),
+	pebbleCounter("dedup_pebble_compactions_total", "Pebble compactions completed.", func(m *pebble.Metrics) float64 { return float64(m.Compact.Count) }),
+	pebbleCounter("dedup_pebble_flushes_total", "Pebble memtable flushes completed.", func(m *pebble.Metrics) float64 { return float64(m.Flush.Count) }),
+	pebbleGauge("dedup_pebble_memtable_bytes", "Bytes in Pebble memtables.", func(m *pebble.Metrics) float64 { return float64(m.MemTable.Size) }),
+	pebbleGauge("dedup_pebble_live_sstable_bytes", "Bytes of live Pebble sstables.", func(m *pebble.Metrics) float64 { return float64(m.Table.Local.LiveSize) }),
+	pebbleGauge("dedup_pebble_range_deletion_garbage_bytes", "Estimated bytes covered by range deletions (expired buckets) not yet compacted away.", func(m *pebble.Metrics) float64 {
+		return float64(m.Table.Garbage.RangeDeletionsBytesEstimate)
+	}),
+	pebbleGauge("dedup_pebble_wal_bytes", "Bytes in Pebble's write-ahead log.", func(m *pebble.Metrics) float64 { return float64(m.WAL.PhysicalSize) }),
+	pebbleGauge("dedup_pebble_block_cache_bytes", "Bytes in Pebble's block cache.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Size) }),
+	pebbleCounter("dedup_pebble_block_cache_hits_total", "Pebble block cache hits.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Hits) }),
+	pebbleCounter("dedup_pebble_block_cache_misses_total", "Pebble block cache misses.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Misses) }),
+}
+
+var raftStateDesc = prometheus.NewDesc("dedup_raft_state", "1 for this node's current Raft state, 0 for the others.", []string{"state"}, nil)
+
+type nodeCollector struct{ src Source }
+
+func newNodeCollector(src Source) *nodeCollector { return &nodeCollector{src: src} }
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- raftStateDesc
+	for _, d := range nodeDescs {
+		ch <- d.d
+	}
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Snapshot()
+	for _, st := range raftStates {
+		ch <- prometheus.MustNewConstMetric(raftStateDesc, prometheus.GaugeValue, b2f(s.Raft.State == st), st)
+	}
+	for _, d := range nodeDescs {
+		if v, ok := d.value(&s); ok {
+			ch <- prometheus.MustNewConstMetric(d.d, d.kind, v)
+		}
+	}
+}
