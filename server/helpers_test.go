@@ -40,7 +40,7 @@ func (l *testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func newTestLogger(t *testing.T) *slog.Logger {
+func newTestLogger(t testing.TB) *slog.Logger {
 	l := &testLog{}
 	t.Cleanup(func() {
 		l.mu.Lock()
@@ -54,7 +54,7 @@ func newTestLogger(t *testing.T) *slog.Logger {
 }
 
 // waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -78,7 +78,7 @@ type pauseProxy struct {
 	wg     sync.WaitGroup
 }
 
-func newPauseProxy(t *testing.T, target string) *pauseProxy {
+func newPauseProxy(t testing.TB, target string) *pauseProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ type testNode struct {
 }
 
 type testCluster struct {
-	t     *testing.T
+	t     testing.TB
 	opts  clusterOpts
 	log   *slog.Logger
 	nodes []*testNode
@@ -188,7 +188,7 @@ func fastRaft(c *cluster.Config) {
 	c.PromoteAfter = 500 * time.Millisecond
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -200,7 +200,7 @@ func listen(t *testing.T) net.Listener {
 // startCluster starts opts.n nodes bootstrapped from a static peer list
 // (every address is bound first, so there is no port race), waits for a
 // ready leader and every node healthy, and closes everything at cleanup.
-func startCluster(t *testing.T, opts clusterOpts) *testCluster {
+func startCluster(t testing.TB, opts clusterOpts) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, opts: opts, log: newTestLogger(t)}
 	root := t.TempDir()
@@ -343,7 +343,7 @@ func (tc *testCluster) followers() []*testNode {
 	return out
 }
 
-func rpcCtx(t *testing.T) context.Context {
+func rpcCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -386,7 +386,7 @@ func markRetrying(ctx context.Context, c dedupv1.DedupClient, req *dedupv1.MarkR
 	}
 }
 
-func wantMarkCodes(t *testing.T, resp *dedupv1.MarkResponse, n int, want dedupv1.MarkResult_Code) {
+func wantMarkCodes(t testing.TB, resp *dedupv1.MarkResponse, n int, want dedupv1.MarkResult_Code) {
 	t.Helper()
 	if len(resp.Results) != n {
 		t.Fatalf("got %d results, want %d", len(resp.Results), n)
@@ -398,7 +398,7 @@ func wantMarkCodes(t *testing.T, resp *dedupv1.MarkResponse, n int, want dedupv1
 	}
 }
 
-func wantCheckCodes(t *testing.T, resp *dedupv1.CheckResponse, n int, want dedupv1.CheckResult_Code) {
+func wantCheckCodes(t testing.TB, resp *dedupv1.CheckResponse, n int, want dedupv1.CheckResult_Code) {
 	t.Helper()
 	if len(resp.Results) != n {
 		t.Fatalf("got %d results, want %d", len(resp.Results), n)
@@ -410,7 +410,7 @@ func wantCheckCodes(t *testing.T, resp *dedupv1.CheckResponse, n int, want dedup
 	}
 }
 
-func wantStatus(t *testing.T, err error, code codes.Code, msgContains string) {
+func wantStatus(t testing.TB, err error, code codes.Code, msgContains string) {
 	t.Helper()
 	st, _ := status.FromError(err)
 	if st.Code() != code || !strings.Contains(st.Message(), msgContains) {
