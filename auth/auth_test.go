@@ -430,4 +430,33 @@ func TestNodeCertificateGrantsNodeRight(t *testing.T) {
 	if _, err := dedupv1.NewDedupClient(as("client", "orders-secret")).Mark(ctx, &dedupv1.MarkRequest{Namespace: "orders"}); err != nil {
 		t.Errorf("client certificate with a token: %v", err)
 	}
+
+	// With NodeRoots set to another CA, the same node certificate is no
+	// longer a node.
+	otherDir := t.TempDir()
+	if _, err := security.WriteDevPKI(otherDir, security.DevPKIOptions{NoClient: true, Nodes: []string{"x"}}); err != nil {
+		t.Fatal(err)
+	}
+	otherRoots, err := security.LoadCertPool(filepath.Join(otherDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr2, _ := serve(t, &Authorizer{Tokens: testStore(t), TrustNodeCertificates: true, NodeRoots: otherRoots}, grpc.Creds(credentials.NewTLS(srvCfg)))
+	cfg, err := security.ClientTLS(ca, kp("n2"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := dial(t, addr2, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if _, err := dedupv1.NewInternalClient(cc).ReadIndex(ctx, &dedupv1.ReadIndexRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("node certificate outside NodeRoots: %v, want Unauthenticated", err)
+	}
+	goodRoots, err := security.LoadCertPool(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr3, _ := serve(t, &Authorizer{Tokens: testStore(t), TrustNodeCertificates: true, NodeRoots: goodRoots}, grpc.Creds(credentials.NewTLS(srvCfg)))
+	cc = dial(t, addr3, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if _, err := dedupv1.NewInternalClient(cc).ReadIndex(ctx, &dedupv1.ReadIndexRequest{}); err != nil {
+		t.Errorf("node certificate within NodeRoots: %v", err)
+	}
 }

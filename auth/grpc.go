@@ -2,6 +2,8 @@ package auth
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"strings"
 
@@ -77,6 +79,10 @@ type Authorizer struct {
 	// when the gRPC server verifies client certificates against the
 	// cluster CA.
 	TrustNodeCertificates bool
+	// NodeRoots, if set, narrows TrustNodeCertificates to certificates that
+	// chain to these roots (the cluster CA), for servers whose client CA
+	// (which the TLS handshake verified) is not the cluster CA.
+	NodeRoots *x509.CertPool
 	// Logger receives one line per refused call (never the token).
 	Logger *slog.Logger
 }
@@ -100,7 +106,7 @@ func NewContext(ctx context.Context, p *Principal) context.Context {
 func (a *Authorizer) Authenticate(ctx context.Context) (*Principal, error) {
 	if a.TrustNodeCertificates {
 		if pr, ok := peer.FromContext(ctx); ok {
-			if ti, ok := pr.AuthInfo.(credentials.TLSInfo); ok && security.PeerIsNode(ti.State) {
+			if ti, ok := pr.AuthInfo.(credentials.TLSInfo); ok && security.PeerIsNode(ti.State) && a.fromNodeCA(ti.State) {
 				return NodePrincipal("node:" + ti.State.VerifiedChains[0][0].Subject.CommonName), nil
 			}
 		}
@@ -115,6 +121,19 @@ func (a *Authorizer) Authenticate(ctx context.Context) (*Principal, error) {
 		}
 	}
 	return nil, status.Error(codes.Unauthenticated, "invalid token: not in the server's token file")
+}
+
+func (a *Authorizer) fromNodeCA(cs tls.ConnectionState) bool {
+	if a.NodeRoots == nil {
+		return true
+	}
+	leaf := cs.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: a.NodeRoots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err == nil
 }
 
 // Authorize checks one call of fullMethod with request req (nil for a

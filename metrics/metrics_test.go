@@ -35,7 +35,7 @@ func testSnapshot(t *testing.T) Snapshot {
 		Raft: RaftStats{State: "follower", LeaderKnown: true, Term: 3, CommitIndex: 42, AppliedIndex: 41,
 			LastLogIndex: 42, LastSnapshotIndex: 10, LastContact: 150 * time.Millisecond, Voters: 3},
 		Bloom:   BloomStats{Filters: 2, MemoryBytes: 1 << 20, IDs: 1000, BitsPerID: 9.6, ConfiguredFPRate: 0.01, ObservedFPRate: 0.012, MaybeLookups: 50, FalsePositives: 3, Ready: true},
-		Storage: StorageStats{IDsStored: 1000, Buckets: 4, Namespaces: 2},
+		Storage: StorageStats{IDsStored: 1000, Buckets: 4, Namespaces: 2, DiskBytes: 4096},
 		Pebble:  db.Metrics(),
 	}
 }
@@ -82,6 +82,7 @@ func TestExpositionHasEveryMetricAndLints(t *testing.T) {
 		`dedup_bloom_observed_fp_rate 0.012`,
 		`dedup_bloom_false_positives_total 3`,
 		`dedup_storage_ids 1000`,
+		`dedup_storage_disk_bytes 4096`,
 		`dedup_pebble_disk_usage_bytes`,
 		`dedup_pebble_read_amplification`,
 		`dedup_pebble_compaction_debt_bytes`,

@@ -66,6 +66,9 @@ type StorageStats struct {
 	IDsStored  uint64
 	Buckets    uint64
 	Namespaces int
+	// DiskBytes is the size of the node's data directory (Raft log,
+	// snapshots, Pebble); negative when unknown.
+	DiskBytes int64
 }
 
 var raftStates = []string{"leader", "follower", "candidate", "shutdown"}
@@ -130,6 +133,8 @@ var nodeDescs = []desc{
 
 	gauge("dedup_storage_ids", "Records stored, including expired ones whose bucket is not yet dropped.", func(s *Snapshot) float64 { return float64(s.Storage.IDsStored) }),
 	gauge("dedup_storage_buckets", "Expiry buckets stored.", func(s *Snapshot) float64 { return float64(s.Storage.Buckets) }),
+	{prometheus.NewDesc("dedup_storage_disk_bytes", "Bytes used by the node's data directory (Raft log, snapshots and Pebble).", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) { return float64(s.Storage.DiskBytes), s.Storage.DiskBytes >= 0 }},
 	gauge("dedup_namespaces", "Namespaces defined.", func(s *Snapshot) float64 { return float64(s.Storage.Namespaces) }),
 
 	pebbleGauge("dedup_pebble_disk_usage_bytes", "Disk space used by Pebble (sstables, WAL, manifests), in bytes.", func(m *pebble.Metrics) float64 { return float64(m.DiskSpaceUsage()) }),
