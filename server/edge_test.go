@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -369,5 +370,40 @@ func TestJoin_BootstrapThenJoin_PromotedToVoter(t *testing.T) {
 	}
 	if resp.Results[5].Code != dedupv1.MarkResult_NEW || resp.Results[0].Code != dedupv1.MarkResult_DUPLICATE {
 		t.Fatalf("after transfer: %v", resp.Results)
+	}
+}
+
+// TestServerAndDialOptionsApplied: Config.ServerOptions wrap every served
+// call and Config.DialOptions every call to another node (forwarding).
+func TestServerAndDialOptionsApplied(t *testing.T) {
+	var served, dialed sync.Map // node's grpc addr -> *atomic count
+	count := func(m *sync.Map, key string) *atomic.Int64 {
+		v, _ := m.LoadOrStore(key, new(atomic.Int64))
+		return v.(*atomic.Int64)
+	}
+	tc := startCluster(t, clusterOpts{n: 3, serverTune: func(c *Config) {
+		addr := c.Cluster.GRPCAddr
+		c.ServerOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if info.FullMethod == "/dedup.v1.Dedup/Mark" {
+				count(&served, addr).Add(1)
+			}
+			return h(ctx, req)
+		})}
+		c.DialOptions = []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if method == "/dedup.v1.Dedup/Mark" {
+				count(&dialed, addr).Add(1)
+			}
+			return inv(ctx, method, req, reply, cc, opts...)
+		})}
+	}})
+	ctx := rpcCtx(t)
+	f := tc.followers()[0]
+	if _, err := f.dedup.Mark(ctx, &dedupv1.MarkRequest{Items: markItems(ids("opt", 1))}); err != nil {
+		t.Fatal(err)
+	}
+	leaderAddr := tc.leader().srv.GRPCAddr()
+	if count(&served, f.srv.GRPCAddr()).Load() != 1 || count(&dialed, f.srv.GRPCAddr()).Load() != 1 || count(&served, leaderAddr).Load() != 1 {
+		t.Fatalf("interceptors: served by follower %d, forwarded by follower %d, served by leader %d; want 1 each",
+			count(&served, f.srv.GRPCAddr()).Load(), count(&dialed, f.srv.GRPCAddr()).Load(), count(&served, leaderAddr).Load())
 	}
 }

@@ -176,6 +176,7 @@ type clusterOpts struct {
 	autoCreate bool
 	maxBatch   int
 	tune       func(*cluster.Config)
+	serverTune func(*Config)
 }
 
 // fastRaft are timeouts that elect quickly yet stay stable on two loaded
@@ -249,6 +250,9 @@ func (tc *testCluster) start(nd *testNode, raftLn, grpcLn net.Listener) {
 	fastRaft(&cfg.Cluster)
 	if tc.opts.tune != nil {
 		tc.opts.tune(&cfg.Cluster)
+	}
+	if tc.opts.serverTune != nil {
+		tc.opts.serverTune(&cfg)
 	}
 	cfg.Cluster.RaftListener = raftLn
 	cfg.Listener = grpcLn

@@ -52,6 +52,14 @@ type Config struct {
 	// election before failing with Unavailable (default 3 s; always less
 	// than the request's own deadline).
 	LeaderWait time.Duration
+	// ServerOptions are added to the gRPC server (interceptors, TLS
+	// credentials, ...), after the message size limits.
+	ServerOptions []grpc.ServerOption
+	// DialOptions are used for connections to other nodes (forwarding,
+	// read index, join, promotion probes), after the defaults (insecure
+	// transport, message size limits), so transport credentials given here
+	// replace the insecure default.
+	DialOptions []grpc.DialOption
 }
 
 // Server is a running dedupnode node: gRPC server plus Raft node.
@@ -124,7 +132,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 
 	msg := maxMsgBytes(cfg.MaxBatch)
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg))
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg)}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)
 	dedupv1.RegisterInternalServer(s.grpc, s)
@@ -223,9 +231,11 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	msg := maxMsgBytes(s.cfg.MaxBatch)
-	c, err := grpc.NewClient(addr,
+	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(msg), grpc.MaxCallSendMsgSize(msg)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(msg), grpc.MaxCallSendMsgSize(msg)),
+	}, s.cfg.DialOptions...)
+	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", addr, err)
 	}
