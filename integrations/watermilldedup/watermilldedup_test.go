@@ -1,0 +1,246 @@
+package watermilldedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/integrations/watermilldedup"
+)
+
+func startCluster(t *testing.T) *demo.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cl.Close(ctx)
+	})
+	return cl
+}
+
+func newBatcher(t *testing.T, cl *demo.Cluster) *client.Batcher {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cl.Addrs(), client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.NewBatcher()
+	t.Cleanup(func() {
+		b.Close()
+		c.Close()
+	})
+	return b
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ledger counts effects per message UUID and handled deliveries.
+type ledger struct {
+	mu       sync.Mutex
+	effects  map[string]int
+	attempts map[string]int
+	acked    int
+	errs     map[string]int
+}
+
+func newLedger() *ledger {
+	return &ledger{effects: map[string]int{}, attempts: map[string]int{}, errs: map[string]int{}}
+}
+
+// handler fails the first attempt of every message whose payload ends in
+// "fail", and applies the effect otherwise.
+func (l *ledger) handler(msg *message.Message) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.attempts[msg.UUID]++
+	if string(msg.Payload[len(msg.Payload)-4:]) == "fail" && l.attempts[msg.UUID] == 1 {
+		return errors.New("downstream unavailable")
+	}
+	l.effects[msg.UUID]++
+	return nil
+}
+
+// observe counts what the router saw from the wrapped handler.
+func (l *ledger) observe(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		l.mu.Lock()
+		if err == nil {
+			l.acked++
+		} else {
+			switch {
+			case errors.Is(err, watermilldedup.ErrInProgress):
+				l.errs["in_progress"]++
+			default:
+				l.errs["failed"]++
+			}
+		}
+		l.mu.Unlock()
+		return out, err
+	}
+}
+
+// startRouters runs n routers (n instances of one service) on pubSub's
+// topic "payments", each wrapping the ledger's handler in mw(i).
+func startRouters(t *testing.T, pubSub *gochannel.GoChannel, l *ledger, n int, mw func(i int) message.HandlerMiddleware) {
+	t.Helper()
+	for i := range n {
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := r.AddConsumerHandler(fmt.Sprintf("ledger-%d", i), "payments", pubSub, l.handler)
+		h.AddMiddleware(l.observe, mw(i))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			r.Close()
+			if err := <-done; err != nil {
+				t.Errorf("router %d: %v", i, err)
+			}
+		})
+		select {
+		case <-r.Running():
+		case <-time.After(30 * time.Second):
+			t.Fatal("router did not start")
+		}
+	}
+}
+
+// publishAll publishes 30 payments, every 5th failing its first attempt,
+// then republishes the first 10 (a producer retry: same UUID, same
+// payload). It returns the number of messages published.
+func publishAll(t *testing.T, pubSub *gochannel.GoChannel) int {
+	t.Helper()
+	var msgs []*message.Message
+	for k := range 30 {
+		body := fmt.Sprintf("payment %d", k)
+		if k%5 == 0 {
+			body += " fail"
+		}
+		msgs = append(msgs, message.NewMessage(fmt.Sprintf("pay-%02d", k), []byte(body)))
+	}
+	for _, m := range msgs[:10] {
+		msgs = append(msgs, message.NewMessage(m.UUID, m.Payload))
+	}
+	for _, m := range msgs {
+		if err := pubSub.Publish("payments", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(msgs)
+}
+
+func newPubSub(t *testing.T) *gochannel.GoChannel {
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 128}, watermill.NopLogger{})
+	t.Cleanup(func() { ps.Close() })
+	return ps
+}
+
+// Two instances of a service receive every message (GoChannel fans out),
+// producers retry, and handlers fail their first attempt now and then: with
+// the claim/commit middleware every payment takes effect exactly once, the
+// failed ones included.
+func TestMiddlewareEffectsOnceAcrossInstancesRetriesAndFailures(t *testing.T) {
+	cl := startCluster(t)
+	pubSub := newPubSub(t)
+	l := newLedger()
+	startRouters(t, pubSub, l, 2, func(int) message.HandlerMiddleware {
+		mw := &watermilldedup.Middleware{Processor: newBatcher(t, cl), Namespace: "payments", DigestPayload: true}
+		return mw.Middleware
+	})
+	published := publishAll(t, pubSub)
+
+	// Every delivery to each instance ends acked: published × 2.
+	waitFor(t, 60*time.Second, "every delivery acked", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.acked == 2*published
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.effects) != 30 {
+		t.Fatalf("%d payments took effect, want 30", len(l.effects))
+	}
+	for id, n := range l.effects {
+		if n != 1 {
+			t.Fatalf("%s took effect %d times, want once", id, n)
+		}
+	}
+	if l.errs["failed"] < 6 {
+		t.Fatalf("errors %v: want the 6 first attempts that failed", l.errs)
+	}
+	t.Logf("acked %d, errors %v", l.acked, l.errs)
+}
+
+// watermill's own Deduplicator with a dedupnode Repository: one window
+// shared by both instances, so each message is handled by one of them
+// only. But it marks before handling: a handler failure makes the
+// redelivery a "duplicate" and the failed payments never take effect —
+// the reason Middleware claims instead.
+func TestRepositorySharedWindowAndTheMarkBeforeHandlePitfall(t *testing.T) {
+	cl := startCluster(t)
+	pubSub := newPubSub(t)
+	l := newLedger()
+	repo, err := watermilldedup.NewRepository(newBatcher(t, cl), "payments-window", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRouters(t, pubSub, l, 2, func(int) message.HandlerMiddleware {
+		d := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }, Repository: repo, Timeout: 30 * time.Second}
+		return d.Middleware
+	})
+	published := publishAll(t, pubSub)
+	waitFor(t, 60*time.Second, "every delivery acked", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.acked == 2*published
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := range 30 {
+		id := fmt.Sprintf("pay-%02d", k)
+		want := 1
+		if k%5 == 0 {
+			want = 0 // lost: marked, failed, redelivery dropped as duplicate
+		}
+		if l.effects[id] != want {
+			t.Fatalf("%s took effect %d times, want %d", id, l.effects[id], want)
+		}
+	}
+	if dup, err := repo.IsDuplicate(context.Background(), "pay-01"); err != nil || !dup {
+		t.Fatalf("IsDuplicate(pay-01) = %v, %v; want true", dup, err)
+	}
+	if dup, err := repo.IsDuplicate(context.Background(), "never-seen"); err != nil || dup {
+		t.Fatalf("IsDuplicate(never-seen) = %v, %v; want false", dup, err)
+	}
+}
