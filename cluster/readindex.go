@@ -56,6 +56,13 @@ func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
 func (ri *readIndexer) join() *readRound {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
+	select {
+	case <-ri.n.stop: // no new goroutines once shutdown began
+		r := &readRound{done: make(chan struct{}), err: ErrShutdown}
+		close(r.done)
+		return r
+	default:
+	}
 	if ri.next == nil {
 		ri.next = &readRound{done: make(chan struct{})}
 	}

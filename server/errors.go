@@ -30,7 +30,14 @@ const (
 	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
 	// ReasonShuttingDown: the node is stopping; nothing was written.
 	ReasonShuttingDown = "SHUTTING_DOWN"
+	// ReasonLagging: this node could not apply the log up to the read
+	// index in time (it is cut off from the leader or far behind). Retry
+	// the read on another node.
+	ReasonLagging = "NODE_LAGGING"
 )
+
+// errLagging: a linearizable read waited too long for the local apply.
+var errLagging = errors.New("this node is behind the leader")
 
 // errorRule maps one internal sentinel to a gRPC code. The first rule whose
 // target matches (errors.Is) wins, so more specific errors come first.
@@ -51,6 +58,7 @@ var errorTable = []errorRule{
 	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node"},
+	{errLagging, codes.Unavailable, ReasonLagging, "retry the read on another node"},
 	{context.DeadlineExceeded, codes.DeadlineExceeded, "", "the write may still commit; retry with the same request token"},
 	{context.Canceled, codes.Canceled, "", ""},
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -121,13 +122,33 @@ func (s *Server) readIndex(ctx context.Context) (uint64, error) {
 
 // linearize waits until this node's FSM reflects every write acknowledged
 // before the call (read index, then WaitApplied).
+//
+// Without a request deadline the wait for the local apply is capped at
+// maxApplyWait; a node that cannot catch up in time answers Unavailable
+// (errLagging) so the client tries another node.
 func (s *Server) linearize(ctx context.Context) error {
 	idx, err := s.readIndex(ctx)
 	if err != nil {
 		return err
 	}
-	return s.node.FSM().WaitApplied(ctx, idx)
+	wctx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, maxApplyWait)
+		defer cancel()
+	}
+	if err := s.node.FSM().WaitApplied(wctx, idx); err != nil {
+		if ctx.Err() == nil {
+			return fmt.Errorf("%w: %w", errLagging, err)
+		}
+		return err
+	}
+	return nil
 }
+
+// maxApplyWait caps a linearizable read's wait for the local apply when the
+// request has no deadline.
+const maxApplyWait = 30 * time.Second
 
 // ReadIndex implements dedupv1.InternalServer: the leader's confirmed
 // commit index. Never forwarded: a non-leader answers NOT_LEADER.
