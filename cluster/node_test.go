@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -295,5 +296,35 @@ func TestConfigValidation(t *testing.T) {
 	cfg.RaftAddr = "0.0.0.0:0"
 	if _, err := New(cfg); err == nil {
 		t.Fatal("unadvertisable raft address accepted")
+	}
+}
+
+// TestShutdown_StopsGoroutinesAndReleasesFiles: after Shutdown no goroutine
+// of the node is left and its files can be opened again at once.
+func TestShutdown_StopsGoroutinesAndReleasesFiles(t *testing.T) {
+	dir := t.TempDir()
+	before := runtime.NumGoroutine()
+	for range 2 {
+		cfg := testConfig(dir, true)
+		n := startNode(t, cfg)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := n.Propose(ctx, []fsm.Op{markOp("g")}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.ReadIndex(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines before, %d after shutdown:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
