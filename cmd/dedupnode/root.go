@@ -178,6 +178,7 @@ func newRootCmd(e *env) *cobra.Command {
 		c.GroupID = "admin"
 		root.AddCommand(c)
 	}
+	root.AddCommand(newChaosCmd())
 	return root
 }
 

@@ -1,0 +1,312 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dedupnode/dedupnode/chaos/netproxy"
+)
+
+// ProcessConfig configures a cluster of local `dedupnode serve` processes.
+type ProcessConfig struct {
+	// Binary is the dedupnode executable to run (os.Executable() for the
+	// chaos command itself).
+	Binary string
+	// Nodes is the cluster size (at least 1).
+	Nodes int
+	// Dir holds each node's data directory and log; a fresh temporary
+	// directory when empty (removed by Close unless KeepDir).
+	Dir     string
+	KeepDir bool
+	// ServeArgs are extra flags for every `serve` (e.g. a test-only knob).
+	ServeArgs []string
+	Logger    *slog.Logger
+}
+
+// processCluster runs N `dedupnode serve` processes on loopback. Each
+// node's peer-list Raft address is a netproxy listener that forwards to the
+// node's real Raft port, so Raft links can be cut, slowed and reset.
+type processCluster struct {
+	cfg     ProcessConfig
+	dir     string
+	ownDir  bool
+	ids     []string
+	raft    map[string]string // real Raft listener
+	grpc    map[string]string
+	proxied map[string]string // Raft address in the peer list
+	peers   string
+	net     *netproxy.Net
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	procs map[string]*proc
+}
+
+type proc struct {
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
+	logf   *os.File
+}
+
+// StartProcessCluster allocates loopback ports, starts the proxies and
+// starts every node. It does not wait for a leader.
+func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err error) {
+	if cfg.Nodes < 1 {
+		return nil, errors.New("process cluster: need at least one node")
+	}
+	if cfg.Binary == "" {
+		return nil, errors.New("process cluster: no dedupnode binary given")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &processCluster{cfg: cfg, dir: cfg.Dir, raft: map[string]string{}, grpc: map[string]string{},
+		proxied: map[string]string{}, procs: map[string]*proc{}, log: cfg.Logger}
+	if c.dir == "" {
+		if c.dir, err = os.MkdirTemp("", "dedupnode-chaos-*"); err != nil {
+			return nil, fmt.Errorf("process cluster: %w", err)
+		}
+		c.ownDir = !cfg.KeepDir
+	}
+	c.net = netproxy.New(cfg.Logger.With("component", "netproxy"))
+	defer func() {
+		if err != nil {
+			_ = c.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	var peers []string
+	for i := 1; i <= cfg.Nodes; i++ {
+		id := fmt.Sprintf("n%d", i)
+		c.ids = append(c.ids, id)
+		if c.raft[id], err = freePort(); err != nil {
+			return nil, err
+		}
+		if c.grpc[id], err = freePort(); err != nil {
+			return nil, err
+		}
+		if c.proxied[id], err = c.net.Add(id, "127.0.0.1:0", c.raft[id]); err != nil {
+			return nil, err
+		}
+		peers = append(peers, fmt.Sprintf("%s=%s=%s", id, c.proxied[id], c.grpc[id]))
+	}
+	c.peers = strings.Join(peers, ",")
+	for _, id := range c.ids {
+		if err := c.Start(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// freePort returns a loopback address with a port free right now.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("allocate a loopback port: %w", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr, nil
+}
+
+func (c *processCluster) Nodes() []string       { return append([]string(nil), c.ids...) }
+func (c *processCluster) Addr(id string) string { return c.grpc[id] }
+
+func (c *processCluster) Describe() string {
+	return fmt.Sprintf("%d local processes, data and logs in %s", len(c.ids), c.dir)
+}
+
+func (c *processCluster) Caps() Caps {
+	return Caps{Cut: true, Slow: true, Notes: []string{
+		"network faults act on Raft links only (fault-injecting proxy); clients and node-to-node gRPC reach every node",
+		"packet loss is emulated by connection resets (a TCP proxy cannot drop single packets)",
+		"clock offsets are not injected (the nodes share the host clock)",
+	}}
+}
+
+func (c *processCluster) Start(_ context.Context, id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.procs[id]; p != nil && !exited(p) {
+		return nil
+	}
+	dataDir := filepath.Join(c.dir, id)
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	logf, err := os.OpenFile(filepath.Join(c.dir, id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	args := []string{"serve", "--node-id", id, "--data-dir", dataDir,
+		"--raft-addr", c.raft[id], "--grpc-addr", c.grpc[id], "--peers", c.peers}
+	args = append(args, c.cfg.ServeArgs...)
+	cmd := exec.Command(c.cfg.Binary, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = cleanEnv()
+	cmd.SysProcAttr = procAttr()
+	fmt.Fprintf(logf, "=== chaos: starting %s %s\n", c.cfg.Binary, strings.Join(args, " "))
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{}), logf: logf}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	c.procs[id] = p
+	c.log.Debug("node started", "node", id, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// cleanEnv drops DEDUPNODE_* variables so that the parent's environment
+// cannot change the nodes' flags.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DEDUPNODE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func exited(p *proc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *processCluster) running(id string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.procs[id]; p != nil && !exited(p) {
+		return p
+	}
+	return nil
+}
+
+func (c *processCluster) Running(id string) bool { return c.running(id) != nil }
+
+func (c *processCluster) signal(id string, sig syscall.Signal) (*proc, error) {
+	p := c.running(id)
+	if p == nil {
+		return nil, nil
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return p, fmt.Errorf("signal %s to %s: %w", sig, id, err)
+	}
+	return p, nil
+}
+
+func (c *processCluster) Kill(ctx context.Context, id string) error {
+	p, err := c.signal(id, syscall.SIGKILL)
+	if err != nil || p == nil {
+		return err
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kill %s: %w", id, ctx.Err())
+	}
+}
+
+func (c *processCluster) Stop(ctx context.Context, id string) error {
+	_ = c.Resume(ctx, id) // a stopped process cannot handle SIGTERM
+	p, err := c.signal(id, syscall.SIGTERM)
+	if err != nil || p == nil {
+		return err
+	}
+	t := time.NewTimer(45 * time.Second)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+		c.log.Warn("node did not stop within 45 s of SIGTERM; killing it", "node", id)
+		return c.Kill(ctx, id)
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: %w", id, ctx.Err())
+	}
+}
+
+func (c *processCluster) Pause(_ context.Context, id string) error {
+	p, err := c.signal(id, syscall.SIGSTOP)
+	if p != nil && err == nil {
+		c.mu.Lock()
+		p.paused = true
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func (c *processCluster) Resume(_ context.Context, id string) error {
+	p, err := c.signal(id, syscall.SIGCONT)
+	if p != nil && err == nil {
+		c.mu.Lock()
+		p.paused = false
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func (c *processCluster) Cut(_ context.Context, from, to string) error {
+	c.net.Set(from, to, netproxy.Rule{Drop: true})
+	return nil
+}
+
+func (c *processCluster) Slow(_ context.Context, delay, jitter time.Duration, loss float64) error {
+	c.net.Set(netproxy.Any, netproxy.Any, netproxy.Rule{Delay: delay, Jitter: jitter, ResetProb: loss})
+	return nil
+}
+
+func (c *processCluster) Disconnect(context.Context, string) error {
+	return errors.New("disconnect: not available for local processes (use a partition)")
+}
+
+func (c *processCluster) HealNet(context.Context) error {
+	c.net.Heal()
+	return nil
+}
+
+// ProxyStats returns the Raft proxies' counters.
+func (c *processCluster) ProxyStats() netproxy.Stats { return c.net.Stats() }
+
+func (c *processCluster) Close(ctx context.Context) error {
+	c.mu.Lock()
+	var ps []*proc
+	for _, p := range c.procs {
+		ps = append(ps, p)
+	}
+	c.mu.Unlock()
+	for _, p := range ps {
+		if exited(p) {
+			continue
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	c.net.Close()
+	if c.ownDir {
+		return os.RemoveAll(c.dir)
+	}
+	return nil
+}

@@ -1,0 +1,627 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/chaos/history"
+)
+
+// conns holds one gRPC connection per node.
+type conns struct {
+	ids   []string
+	addr  map[string]string
+	cc    map[string]*grpc.ClientConn
+	dedup map[string]dedupv1.DedupClient
+	admin map[string]dedupv1.AdminClient
+}
+
+func dialAll(c Cluster) (*conns, error) {
+	cs := &conns{ids: c.Nodes(), addr: map[string]string{}, cc: map[string]*grpc.ClientConn{},
+		dedup: map[string]dedupv1.DedupClient{}, admin: map[string]dedupv1.AdminClient{}}
+	for _, id := range cs.ids {
+		a := c.Addr(id)
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			cs.close()
+			return nil, fmt.Errorf("dial %s at %s: %w", id, a, err)
+		}
+		cs.addr[id], cs.cc[id] = a, cc
+		cs.dedup[id], cs.admin[id] = dedupv1.NewDedupClient(cc), dedupv1.NewAdminClient(cc)
+	}
+	return cs, nil
+}
+
+func (cs *conns) close() {
+	for _, cc := range cs.cc {
+		cc.Close()
+	}
+}
+
+// WorkloadConfig shapes the clients' traffic. Zero values take defaults.
+type WorkloadConfig struct {
+	// Clients is the number of concurrent clients (default 8).
+	Clients int
+	// Namespace used for every request ("" = default).
+	Namespace string
+	// TTL of marks and commits (default 1 h: nothing committed expires
+	// during a run, so every acknowledged write must survive).
+	TTL time.Duration
+	// Lease of claims (default 2 s: leases expire during runs, on purpose).
+	Lease time.Duration
+	// AttemptTimeout bounds one RPC (default 3 s); OpTimeout one logical
+	// operation with its retries (default 10 s).
+	AttemptTimeout time.Duration
+	OpTimeout      time.Duration
+	// ClaimShare is the share of messages processed with Claim/Commit
+	// instead of Mark (default 0.4).
+	ClaimShare float64
+	// Think is the most a client waits between operations (default 20 ms).
+	Think time.Duration
+}
+
+func (w *WorkloadConfig) withDefaults() WorkloadConfig {
+	d := *w
+	if d.Clients <= 0 {
+		d.Clients = 8
+	}
+	if d.TTL <= 0 {
+		d.TTL = time.Hour
+	}
+	if d.Lease <= 0 {
+		d.Lease = 2 * time.Second
+	}
+	if d.AttemptTimeout <= 0 {
+		d.AttemptTimeout = 3 * time.Second
+	}
+	if d.OpTimeout <= 0 {
+		d.OpTimeout = 10 * time.Second
+	}
+	if d.ClaimShare <= 0 {
+		d.ClaimShare = 0.4
+	}
+	if d.Think <= 0 {
+		d.Think = 20 * time.Millisecond
+	}
+	return d
+}
+
+// delivery is one (re)delivery of a message to some consumer.
+type delivery struct {
+	key     string
+	claim   bool
+	attempt int
+}
+
+// workload runs the clients: consumers of an at-least-once stream, where
+// every message may arrive several times at once (planned duplicates and
+// concurrent claimants), plus readers checking recent IDs.
+type workload struct {
+	cfg   WorkloadConfig
+	cs    *conns
+	rec   *history.Recorder
+	runID string
+	rng   *mrand.Rand
+	rngMu sync.Mutex
+
+	queue  chan delivery
+	msgSeq atomic.Int64
+
+	keysMu sync.Mutex
+	keys   map[string]bool
+	recent []string
+
+	stopping atomic.Bool
+	pending  sync.WaitGroup // scheduled redeliveries
+}
+
+func newWorkload(cfg WorkloadConfig, cs *conns, rec *history.Recorder, seed int64) *workload {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return &workload{
+		cfg:   cfg.withDefaults(),
+		cs:    cs,
+		rec:   rec,
+		runID: fmt.Sprintf("%x", b),
+		rng:   mrand.New(mrand.NewPCG(uint64(seed), uint64(seed)>>1|1)),
+		queue: make(chan delivery, 4096),
+		keys:  map[string]bool{},
+	}
+}
+
+func (w *workload) float() float64 {
+	w.rngMu.Lock()
+	defer w.rngMu.Unlock()
+	return w.rng.Float64()
+}
+
+func (w *workload) intn(n int) int {
+	w.rngMu.Lock()
+	defer w.rngMu.Unlock()
+	return w.rng.IntN(n)
+}
+
+func (w *workload) dur(max time.Duration) time.Duration {
+	if max <= 0 {
+		return 0
+	}
+	return time.Duration(w.float() * float64(max))
+}
+
+// Keys returns every ID the workload touched.
+func (w *workload) Keys() []string {
+	w.keysMu.Lock()
+	defer w.keysMu.Unlock()
+	out := make([]string, 0, len(w.keys))
+	for k := range w.keys {
+		out = append(out, k)
+	}
+	return out
+}
+
+func (w *workload) touch(key string) {
+	w.keysMu.Lock()
+	defer w.keysMu.Unlock()
+	if !w.keys[key] {
+		w.keys[key] = true
+		w.recent = append(w.recent, key)
+		if len(w.recent) > 256 {
+			w.recent = w.recent[len(w.recent)-256:]
+		}
+	}
+}
+
+func (w *workload) recentKey() (string, bool) {
+	w.keysMu.Lock()
+	defer w.keysMu.Unlock()
+	if len(w.recent) == 0 {
+		return "", false
+	}
+	return w.recent[len(w.recent)-1-w.intn(len(w.recent))], true
+}
+
+// run drives the clients until ctx ends, then lets the operations in
+// flight finish (each is bounded by OpTimeout plus a lease of work).
+func (w *workload) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.produce(ctx)
+	}()
+	for i := 0; i < w.cfg.Clients; i++ {
+		wg.Add(1)
+		go func(client int) {
+			defer wg.Done()
+			w.client(ctx, client)
+		}(i)
+	}
+	<-ctx.Done()
+	w.stopping.Store(true)
+	wg.Wait()
+	w.pending.Wait()
+}
+
+// produce publishes new messages, each delivered 1 to 4 times at once.
+func (w *workload) produce(ctx context.Context) {
+	for {
+		if len(w.queue) < w.cfg.Clients*2 {
+			n := w.msgSeq.Add(1)
+			claim := w.float() < w.cfg.ClaimShare
+			prefix := "m"
+			if claim {
+				prefix = "c"
+			}
+			key := fmt.Sprintf("%s-%s-%d", prefix, w.runID, n)
+			copies := 1
+			switch r := w.float(); {
+			case r < 0.15:
+				copies = 4
+			case r < 0.35:
+				copies = 3
+			case r < 0.6:
+				copies = 2
+			}
+			for i := 0; i < copies; i++ {
+				select {
+				case w.queue <- delivery{key: key, claim: claim}:
+				case <-ctx.Done():
+					return
+				}
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// redeliver schedules a delivery again after a delay, as a broker does
+// after a negative acknowledgement or a consumer timeout.
+func (w *workload) redeliver(d delivery, after time.Duration) {
+	if w.stopping.Load() || d.attempt >= 6 {
+		return
+	}
+	d.attempt++
+	w.pending.Add(1)
+	time.AfterFunc(after, func() {
+		defer w.pending.Done()
+		if w.stopping.Load() {
+			return
+		}
+		select {
+		case w.queue <- d:
+		default:
+		}
+	})
+}
+
+func (w *workload) client(ctx context.Context, id int) {
+	node := w.cs.ids[id%len(w.cs.ids)]
+	for {
+		var d delivery
+		select {
+		case <-ctx.Done():
+			return
+		case d = <-w.queue:
+		}
+		w.touch(d.key)
+		if d.claim {
+			w.processClaim(ctx, id, &node, d)
+		} else {
+			w.processMark(ctx, id, &node, d)
+		}
+		if r := w.float(); r < 0.3 {
+			if k, ok := w.recentKey(); ok {
+				cons := history.Linearizable
+				if r < 0.03 {
+					cons = history.Stale
+				}
+				w.check(ctx, id, &node, k, cons)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(w.dur(w.cfg.Think)):
+		}
+	}
+}
+
+func newToken() []byte {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return b
+}
+
+func (w *workload) processMark(ctx context.Context, client int, node *string, d delivery) {
+	tok := newToken()
+	for try := 0; try < 3; try++ {
+		op := w.mark(ctx, client, node, d.key, tok)
+		if op.Outcome == history.OK {
+			if w.float() < 0.2 {
+				w.check(ctx, client, node, d.key, history.Linearizable)
+			}
+			return
+		}
+		if op.Outcome == history.Fail || w.float() < 0.4 || ctx.Err() != nil {
+			return
+		}
+		// Outcome unknown: retry with the same token, as a consumer that
+		// did not get an answer does; it must get the first answer.
+	}
+}
+
+func (w *workload) processClaim(ctx context.Context, client int, node *string, d delivery) {
+	tok := newToken()
+	var op *history.Op
+	for try := 0; try < 3; try++ {
+		op = w.claim(ctx, client, node, d.key, tok)
+		if op.Outcome != history.Info || w.float() < 0.4 || ctx.Err() != nil {
+			break
+		}
+	}
+	switch {
+	case op.Outcome != history.OK:
+		w.redeliver(d, w.cfg.Lease+w.dur(w.cfg.Lease))
+		return
+	case op.Result == history.InProgress:
+		w.redeliver(d, w.cfg.Lease/2+w.dur(w.cfg.Lease))
+		return
+	case op.Result != history.Acquired:
+		return // duplicate: already processed
+	}
+	fence := op.Record.Fence
+	// Process: usually quickly, sometimes for longer than the lease (the
+	// lease then expires and a redelivery may win it).
+	work := w.dur(200 * time.Millisecond)
+	if w.float() < 0.15 {
+		work = w.cfg.Lease + w.dur(w.cfg.Lease/2)
+	}
+	select {
+	case <-time.After(work):
+	case <-ctx.Done():
+	}
+	if w.float() < 0.25 {
+		// Processing failed: release so that a redelivery can claim at once.
+		w.lease(context.WithoutCancel(ctx), client, node, history.Release, d.key, fence)
+		w.redeliver(d, w.dur(w.cfg.Lease/2))
+		return
+	}
+	c := w.lease(context.WithoutCancel(ctx), client, node, history.Commit, d.key, fence)
+	if c.Outcome == history.OK && c.Result == history.LeaseLost {
+		w.redeliver(d, w.dur(w.cfg.Lease/2))
+	}
+	if c.Outcome == history.OK && w.float() < 0.3 {
+		w.check(ctx, client, node, d.key, history.Linearizable)
+	}
+}
+
+// attemptErr classifies one failed attempt.
+type attemptErr int
+
+const (
+	errIndeterminate attemptErr = iota // may have been applied
+	errNotApplied                      // definitely not applied; retry elsewhere
+	errFatal                           // definitely not applied; do not retry
+)
+
+func classify(err error) attemptErr {
+	st, ok := status.FromError(err)
+	if !ok {
+		return errIndeterminate
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition,
+		codes.OutOfRange, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted, codes.Unimplemented:
+		return errFatal
+	case codes.Unavailable:
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok {
+				switch info.Reason {
+				case "NOT_LEADER", "SHUTTING_DOWN":
+					return errNotApplied
+				}
+			}
+		}
+	}
+	return errIndeterminate
+}
+
+// invoke runs one logical operation: attempts on one node after another
+// (same request, so the same token) until one answers or OpTimeout passes.
+// The node that answered becomes the client's preferred node.
+func (w *workload) invoke(ctx context.Context, node *string, op *history.Op, call func(ctx context.Context, id string) error) (history.Outcome, string) {
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
+	defer cancel()
+	ids := w.cs.ids
+	start := 0
+	for i, id := range ids {
+		if id == *node {
+			start = i
+		}
+	}
+	indeterminate := false
+	var last error
+	for attempt := 0; ; attempt++ {
+		id := ids[(start+attempt)%len(ids)]
+		if attempt == 0 {
+			op.Node = id
+		}
+		op.Attempts = attempt + 1
+		actx, acancel := context.WithTimeout(octx, w.cfg.AttemptTimeout)
+		err := call(actx, id)
+		acancel()
+		if err == nil {
+			*node = id
+			return history.OK, ""
+		}
+		last = err
+		switch classify(err) {
+		case errFatal:
+			if indeterminate {
+				return history.Info, err.Error()
+			}
+			return history.Fail, err.Error()
+		case errIndeterminate:
+			indeterminate = true
+		}
+		backoff := time.Duration(min(attempt+1, 5)) * 50 * time.Millisecond
+		select {
+		case <-octx.Done():
+			if indeterminate {
+				return history.Info, last.Error()
+			}
+			return history.Fail, last.Error()
+		case <-time.After(backoff):
+		}
+	}
+}
+
+func recordOf(r *dedupv1.Record) *history.Record {
+	if r == nil {
+		return nil
+	}
+	st := "unknown"
+	switch r.State {
+	case dedupv1.RecordState_RECORD_STATE_COMMITTED:
+		st = "committed"
+	case dedupv1.RecordState_RECORD_STATE_LEASED:
+		st = "leased"
+	}
+	return &history.Record{State: st, FirstSeenMs: r.FirstSeenUnixMs, ExpiresMs: r.ExpiresUnixMs,
+		Token: history.Token(r.RequestToken), Fence: r.FencingToken}
+}
+
+var errShort = errors.New("short reply: no result for the item")
+
+func (w *workload) mark(ctx context.Context, client int, node *string, key string, tok []byte) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Mark, Key: key, Token: history.Token(tok)})
+	var res *dedupv1.MarkResult
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
+		r, err := w.cs.dedup[id].Mark(ctx, &dedupv1.MarkRequest{Namespace: w.cfg.Namespace, TtlMs: w.cfg.TTL.Milliseconds(),
+			RequestToken: tok, Items: []*dedupv1.MarkItem{{Id: []byte(key)}}})
+		if err == nil && len(r.Results) != 1 {
+			err = errShort
+		}
+		if err == nil {
+			res = r.Results[0]
+		}
+		return err
+	})
+	result := ""
+	var rec *history.Record
+	if out == history.OK {
+		result, rec = markCode(res.Code), recordOf(res.Record)
+	}
+	w.rec.Complete(op, out, result, rec, errText)
+	return op
+}
+
+func (w *workload) claim(ctx context.Context, client int, node *string, key string, tok []byte) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Claim, Key: key, Token: history.Token(tok)})
+	var res *dedupv1.ClaimResult
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
+		r, err := w.cs.dedup[id].Claim(ctx, &dedupv1.ClaimRequest{Namespace: w.cfg.Namespace, LeaseMs: w.cfg.Lease.Milliseconds(),
+			RequestToken: tok, Items: []*dedupv1.ClaimItem{{Id: []byte(key)}}})
+		if err == nil && len(r.Results) != 1 {
+			err = errShort
+		}
+		if err == nil {
+			res = r.Results[0]
+		}
+		return err
+	})
+	result := ""
+	var rec *history.Record
+	if out == history.OK {
+		result, rec = claimCode(res.Code), recordOf(res.Record)
+		if result == history.Acquired && rec == nil {
+			out, result, errText = history.Info, "", "acquired without a record (no fencing token)"
+		}
+	}
+	w.rec.Complete(op, out, result, rec, errText)
+	return op
+}
+
+func (w *workload) lease(ctx context.Context, client int, node *string, kind history.Kind, key string, fence uint64) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: client, Kind: kind, Key: key, Fence: fence})
+	var res *dedupv1.LeaseResult
+	items := []*dedupv1.LeaseItem{{Id: []byte(key), FencingToken: fence}}
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
+		var r *dedupv1.LeaseResponse
+		var err error
+		if kind == history.Commit {
+			r, err = w.cs.dedup[id].Commit(ctx, &dedupv1.CommitRequest{Namespace: w.cfg.Namespace, TtlMs: w.cfg.TTL.Milliseconds(), Items: items})
+		} else {
+			r, err = w.cs.dedup[id].Release(ctx, &dedupv1.ReleaseRequest{Namespace: w.cfg.Namespace, Items: items})
+		}
+		if err == nil && len(r.Results) != 1 {
+			err = errShort
+		}
+		if err == nil {
+			res = r.Results[0]
+		}
+		return err
+	})
+	result := ""
+	var rec *history.Record
+	if out == history.OK {
+		result, rec = leaseCode(res.Code), recordOf(res.Record)
+	}
+	w.rec.Complete(op, out, result, rec, errText)
+	return op
+}
+
+func (w *workload) check(ctx context.Context, client int, node *string, key, consistency string) *history.Op {
+	if ctx.Err() != nil {
+		return nil
+	}
+	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Check, Key: key, Consistency: consistency})
+	cons := dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
+	if consistency == history.Stale {
+		cons = dedupv1.Consistency_CONSISTENCY_STALE
+	}
+	var res *dedupv1.CheckResult
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
+		r, err := w.cs.dedup[id].Check(ctx, &dedupv1.CheckRequest{Namespace: w.cfg.Namespace, Consistency: cons, Ids: [][]byte{[]byte(key)}})
+		if err == nil && len(r.Results) != 1 {
+			err = errShort
+		}
+		if err == nil {
+			res = r.Results[0]
+		}
+		return err
+	})
+	result := ""
+	var rec *history.Record
+	if out == history.OK {
+		result, rec = checkCode(res.Code), recordOf(res.Record)
+	} else {
+		out = history.Fail // a read that got no answer had no effect
+	}
+	w.rec.Complete(op, out, result, rec, errText)
+	return op
+}
+
+func markCode(c dedupv1.MarkResult_Code) string {
+	switch c {
+	case dedupv1.MarkResult_NEW:
+		return history.New
+	case dedupv1.MarkResult_DUPLICATE:
+		return history.Duplicate
+	case dedupv1.MarkResult_CONFLICT:
+		return history.Conflict
+	}
+	return "unknown"
+}
+
+func claimCode(c dedupv1.ClaimResult_Code) string {
+	switch c {
+	case dedupv1.ClaimResult_ACQUIRED:
+		return history.Acquired
+	case dedupv1.ClaimResult_DUPLICATE:
+		return history.Duplicate
+	case dedupv1.ClaimResult_IN_PROGRESS:
+		return history.InProgress
+	case dedupv1.ClaimResult_CONFLICT:
+		return history.Conflict
+	}
+	return "unknown"
+}
+
+func leaseCode(c dedupv1.LeaseResult_Code) string {
+	switch c {
+	case dedupv1.LeaseResult_OK:
+		return history.ResultOK
+	case dedupv1.LeaseResult_LEASE_LOST:
+		return history.LeaseLost
+	}
+	return "unknown"
+}
+
+func checkCode(c dedupv1.CheckResult_Code) string {
+	switch c {
+	case dedupv1.CheckResult_SEEN:
+		return history.Seen
+	case dedupv1.CheckResult_NOT_SEEN:
+		return history.NotSeen
+	}
+	return "unknown"
+}
