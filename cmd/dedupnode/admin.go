@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/spf13/cobra"
@@ -41,6 +42,7 @@ func firstStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, err
 
 func newStatusCmd(e *env) *cobra.Command {
 	f := &clientFlags{}
+	var wait bool
 	cmd := &cobra.Command{
 		Use:   "status [flags]",
 		Short: "Show the leader, Raft indexes, members, IDs stored and Bloom filter figures",
@@ -52,13 +54,20 @@ false-positive rate). --output json prints one JSON object with node_id,
 state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
 members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.`,
 		Example: strings.ReplaceAll(`  dedupnode status --addr 127.0.0.1:7070
+  dedupnode status --addr 127.0.0.1:7070,127.0.0.1:7071 --wait   # until a leader is elected
   dedupnode status --output json | jq -r .leader_id`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if err := f.validate(cmd); err != nil {
 				return err
 			}
-			st, err := firstStatus(e, cmd, f)
+			var st client.Status
+			var err error
+			if wait {
+				st, err = waitStatus(e, cmd, f)
+			} else {
+				st, err = firstStatus(e, cmd, f)
+			}
 			if err != nil {
 				return err
 			}
@@ -70,7 +79,32 @@ members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.`,
 		}),
 	}
 	f.register(cmd)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until a node answers and names a leader")
 	return cmd
+}
+
+// waitStatus polls firstStatus until a leader is known or --timeout passes.
+func waitStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
+	ctx, cancel := f.withTimeout(e.ctx)
+	defer cancel()
+	for {
+		st, err := firstStatus(&env{ctx: ctx, stdin: e.stdin, stdout: e.stdout, stderr: e.stderr, progName: e.progName}, cmd, f)
+		if err == nil && st.LeaderID != "" {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			if e.ctx.Err() != nil {
+				return client.Status{}, explain(e.ctx.Err(), f, "")
+			}
+			if err != nil {
+				return client.Status{}, err
+			}
+			return client.Status{}, &opError{err: fmt.Errorf("no leader elected within --timeout %s", f.timeout),
+				hint: "a majority of the members must be up and reach each other; see the node logs"}
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // statusJSONShape is client.Status with the leader time omitted when
@@ -114,7 +148,11 @@ func printStatus(w io.Writer, st client.Status) {
 	fmt.Fprintf(tw, "commit index\t%d\n", st.CommitIndex)
 	fmt.Fprintf(tw, "applied index\t%d\n", st.AppliedIndex)
 	fmt.Fprintf(tw, "last snapshot\t%d\n", st.LastSnapshotIndex)
-	fmt.Fprintf(tw, "ids stored\t%d (in %d expiry buckets)\n", st.IDsStored, st.Buckets)
+	plural := "s"
+	if st.Buckets == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(tw, "ids stored\t%d (in %d expiry bucket%s)\n", st.IDsStored, st.Buckets, plural)
 	b := st.Bloom
 	ready := "ready"
 	if !b.Ready {
