@@ -1,0 +1,310 @@
+package webhook_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/webhook"
+)
+
+func startCluster(t *testing.T) *demo.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cl.Close(ctx)
+	})
+	return cl
+}
+
+func newBatcher(t *testing.T, cl *demo.Cluster, opts ...client.Option) *client.Batcher {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cl.Addrs(), append([]client.Option{client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.NewBatcher()
+	t.Cleanup(func() {
+		b.Close()
+		c.Close()
+	})
+	return b
+}
+
+// upstream is a real HTTP endpoint counting deliveries per event, failing
+// or blocking on demand.
+type upstream struct {
+	mu      sync.Mutex
+	hits    map[string]int
+	fail    map[string]int           // answer 500 this many times first
+	block   map[string]chan struct{} // wait for the channel (or the request's end)
+	entered chan string
+	srv     *httptest.Server
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{hits: map[string]int{}, fail: map[string]int{}, block: map[string]chan struct{}{}, entered: make(chan string, 16)}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("Webhook-Id")
+		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.hits[id]++
+		failing := u.fail[id] > 0
+		if failing {
+			u.fail[id]--
+		}
+		block := u.block[id]
+		u.mu.Unlock()
+		if block != nil {
+			u.entered <- id
+			select {
+			case <-block:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if failing {
+			http.Error(w, "database down", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("X-Upstream", "yes")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "handled "+id+" body="+string(body))
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *upstream) count(id string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.hits[id]
+}
+
+func startProxy(t *testing.T, p client.Processor, u *upstream, mod func(*webhook.Config)) *httptest.Server {
+	t.Helper()
+	target, _ := url.Parse(u.srv.URL)
+	cfg := webhook.Config{Processor: p, Namespace: "hooks", ID: webhook.HeaderID("Webhook-Id"), DigestBody: true}
+	if mod != nil {
+		mod(&cfg)
+	}
+	h, err := webhook.NewProxy(target, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type answer struct {
+	code   int
+	status string
+	body   string
+	header http.Header
+}
+
+func deliver(t *testing.T, srv *httptest.Server, id, body string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/hooks/payments?x=1", strings.NewReader(body))
+	if id != "" {
+		req.Header.Set("Webhook-Id", id)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{code: resp.StatusCode, status: resp.Header.Get(webhook.StatusHeader), body: string(b), header: resp.Header}
+}
+
+func TestProxyFirstDeliveryGoesUpstreamDuplicatesAnsweredAtOnce(t *testing.T) {
+	cl := startCluster(t)
+	u := newUpstream(t)
+	srv := startProxy(t, newBatcher(t, cl), u, nil)
+
+	a := deliver(t, srv, "evt-1", `{"amount":10}`)
+	if a.code != http.StatusCreated || a.status != "processed" || a.header.Get("X-Upstream") != "yes" || a.body != `handled evt-1 body={"amount":10}` {
+		t.Fatalf("first delivery: %+v", a)
+	}
+	for range 3 {
+		a = deliver(t, srv, "evt-1", `{"amount":10}`)
+		if a.code != http.StatusOK || a.status != "duplicate" || !strings.Contains(a.body, `"first_seen"`) {
+			t.Fatalf("duplicate: %+v", a)
+		}
+	}
+	if n := u.count("evt-1"); n != 1 {
+		t.Fatalf("upstream got evt-1 %d times, want 1", n)
+	}
+	// Same ID, another body: a producer bug, reported, not forwarded.
+	if a = deliver(t, srv, "evt-1", `{"amount":99}`); a.code != http.StatusUnprocessableEntity || a.status != "conflict" {
+		t.Fatalf("conflict: %+v", a)
+	}
+	// No event ID: refused, not forwarded.
+	if a = deliver(t, srv, "", `{}`); a.code != http.StatusBadRequest || a.status != "no-id" {
+		t.Fatalf("no id: %+v", a)
+	}
+	// Other methods pass through.
+	resp, err := srv.Client().Get(srv.URL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get(webhook.StatusHeader) != "" {
+		t.Fatalf("GET: %d %q, want passed through", resp.StatusCode, resp.Header.Get(webhook.StatusHeader))
+	}
+}
+
+// A non-2xx answer releases the claim: the sender's retry goes upstream at
+// once (not after the lease), and its success is committed.
+func TestProxyUpstreamFailureLetsTheRetrySucceed(t *testing.T) {
+	cl := startCluster(t)
+	u := newUpstream(t)
+	u.fail["evt-2"] = 2
+	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
+		c.ProcessOptions = []client.ProcessOption{client.WithLease(time.Hour)}
+	})
+	for i := range 2 {
+		if a := deliver(t, srv, "evt-2", "x"); a.code != http.StatusInternalServerError || a.status != "failed" || !strings.Contains(a.body, "database down") {
+			t.Fatalf("attempt %d: %+v, want the upstream's 500", i+1, a)
+		}
+	}
+	if a := deliver(t, srv, "evt-2", "x"); a.code != http.StatusCreated || a.status != "processed" {
+		t.Fatalf("third attempt: %+v", a)
+	}
+	if a := deliver(t, srv, "evt-2", "x"); a.status != "duplicate" {
+		t.Fatalf("fourth attempt: %+v", a)
+	}
+	if n := u.count("evt-2"); n != 3 {
+		t.Fatalf("upstream got evt-2 %d times, want 3", n)
+	}
+}
+
+// A timeout upstream answers 504 and releases; the retry succeeds.
+func TestProxyUpstreamTimeoutReleases(t *testing.T) {
+	cl := startCluster(t)
+	u := newUpstream(t)
+	block := make(chan struct{})
+	u.block["evt-3"] = block
+	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
+		c.Timeout = 300 * time.Millisecond
+		c.ProcessOptions = []client.ProcessOption{client.WithLease(time.Hour)}
+	})
+	if a := deliver(t, srv, "evt-3", "x"); a.code != http.StatusGatewayTimeout || a.status != "failed" {
+		t.Fatalf("timed-out attempt: %+v, want 504 failed", a)
+	}
+	u.mu.Lock()
+	delete(u.block, "evt-3")
+	u.mu.Unlock()
+	if a := deliver(t, srv, "evt-3", "x"); a.code != http.StatusCreated || a.status != "processed" {
+		t.Fatalf("retry: %+v", a)
+	}
+}
+
+// A duplicate arriving while the first delivery is still upstream gets
+// 409 with Retry-After; after the first succeeds, retries are duplicates.
+func TestProxyConcurrentDuplicateGets409WithRetryAfter(t *testing.T) {
+	cl := startCluster(t)
+	u := newUpstream(t)
+	block := make(chan struct{})
+	u.block["evt-4"] = block
+	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
+		c.ProcessOptions = []client.ProcessOption{client.WithLease(20 * time.Second)}
+	})
+
+	first := make(chan answer, 1)
+	go func() { first <- deliver(t, srv, "evt-4", "x") }()
+	<-u.entered // the first delivery is upstream now
+
+	a := deliver(t, srv, "evt-4", "x")
+	if a.code != http.StatusConflict || a.status != "in-progress" {
+		t.Fatalf("concurrent duplicate: %+v, want 409 in-progress", a)
+	}
+	ra, err := strconv.Atoi(a.header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > 20 {
+		t.Fatalf("Retry-After %q, want 1..20 seconds (the first delivery's lease)", a.header.Get("Retry-After"))
+	}
+	close(block)
+	if a := <-first; a.code != http.StatusCreated || a.status != "processed" {
+		t.Fatalf("first delivery: %+v", a)
+	}
+	if a := deliver(t, srv, "evt-4", "x"); a.code != http.StatusOK || a.status != "duplicate" {
+		t.Fatalf("retry after the first finished: %+v", a)
+	}
+	if n := u.count("evt-4"); n != 1 {
+		t.Fatalf("upstream got evt-4 %d times, want 1", n)
+	}
+}
+
+// The middleware on a plain net/http handler, with the ID from a JSON
+// field; with the store down, deliveries get 503 + Retry-After and never
+// reach the handler.
+func TestMiddlewareJSONFieldAndStoreUnavailable(t *testing.T) {
+	cl := startCluster(t)
+	var mu sync.Mutex
+	hits := map[string]int{}
+	mw, err := webhook.Middleware(webhook.Config{
+		Processor: newBatcher(t, cl, client.WithRetry(2, 10*time.Millisecond, 20*time.Millisecond), client.WithTimeout(time.Second)),
+		Namespace: "hooks-json",
+		ID:        webhook.JSONFieldID("data.id"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		hits[string(b)]++
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})))
+	t.Cleanup(srv.Close)
+
+	body := `{"data":{"id":"ch_123","amount":5}}`
+	if a := deliver(t, srv, "", body); a.code != http.StatusOK || a.status != "processed" || a.body != "ok" {
+		t.Fatalf("first: %+v", a)
+	}
+	if a := deliver(t, srv, "", body); a.status != "duplicate" {
+		t.Fatalf("second: %+v", a)
+	}
+	if a := deliver(t, srv, "", `{"data":{}}`); a.code != http.StatusBadRequest || a.status != "no-id" {
+		t.Fatalf("missing field: %+v", a)
+	}
+	mu.Lock()
+	if hits[body] != 1 {
+		t.Fatalf("handler ran %d times, want once", hits[body])
+	}
+	mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.Close(ctx); err != nil {
+		t.Logf("close: %v", err)
+	}
+	a := deliver(t, srv, "", `{"data":{"id":"ch_456"}}`)
+	if a.code != http.StatusServiceUnavailable || a.status != "unavailable" || a.header.Get("Retry-After") == "" {
+		t.Fatalf("store down: %+v", a)
+	}
+	if _, err := webhook.Middleware(webhook.Config{}); err == nil {
+		t.Fatal("Middleware accepted an empty config")
+	}
+}
