@@ -287,3 +287,72 @@ func TestCLIContract(t *testing.T) {
 		t.Fatalf("check after restart: exit %d out %q stderr %s", code, out, errs)
 	}
 }
+
+// A cluster grown by `serve --join`: one --bootstrap node, two joiners that
+// enter as non-voters and are promoted once caught up; then the original
+// leader is killed and the joined nodes carry on with every mark.
+func TestJoinedNodesBecomeVotersAndSurviveLeaderKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds the binary and runs 3 processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	cl := newPeersCluster(t, bin, 3)
+	cl.args = nil
+	seed := cl.nodes[0]
+	cl.start(seed, "--bootstrap")
+	cl.waitLeader(ctx, []string{seed.grpc}, 60*time.Second)
+	for _, n := range cl.nodes[1:] {
+		cl.start(n, "--join", seed.grpc)
+	}
+
+	// Wait until the CLI lists three voters.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		code, out, errs := cli(t, bin, "", "members", "--addr", seed.grpc, "--output", "json")
+		voters := 0
+		if code == 0 {
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				var m struct {
+					ID       string `json:"id"`
+					Suffrage string `json:"suffrage"`
+				}
+				if json.Unmarshal([]byte(l), &m) == nil && m.Suffrage == "voter" {
+					voters++
+				}
+			}
+		}
+		if voters == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cl.dumpLogs()
+			t.Fatalf("no 3 voters within 90s; last members: exit %d %q %s", code, out, errs)
+		}
+		time.Sleep(200 * time.Millisecond) // poll interval, not a proof
+	}
+
+	all := cl.addrs()
+	ids := testIDs()[:2000]
+	code, out, errs := cli(t, bin, strings.Join(ids, "\n"), "mark", "--addr", strings.Join(all, ","), "-")
+	if code != 0 || strings.Count(out, "\tnew\t") != len(ids) {
+		t.Fatalf("mark: exit %d, %d new of %d; stderr %s", code, strings.Count(out, "\tnew\t"), len(ids), errs)
+	}
+
+	leader := cl.byID(cl.waitLeader(ctx, all, 30*time.Second))
+	cl.kill(leader)
+	var survivors []string
+	for _, n := range cl.nodes {
+		if n != leader {
+			survivors = append(survivors, n.grpc)
+		}
+	}
+	cl.waitLeader(ctx, survivors, 60*time.Second)
+	c, err := client.New(ctx, survivors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	checkAll(t, ctx, "after killing "+leader.id, c, ids)
+}
