@@ -70,6 +70,7 @@ func newReport(cfg *config) *report {
 			"dedupnode mode":    cfg.DedupnodeMode,
 			"grpc conns":        fmt.Sprint(cfg.GRPCConns),
 			"addresses":         "loopback only (127.0.0.1), ports from the OS",
+			"repeat":            fmt.Sprint(max(cfg.Repeat, 1)),
 		},
 	}
 	return r
@@ -160,8 +161,8 @@ func (r *report) markdown() string {
 		"figures vary ±25%% run to run on shared machines.\n\n",
 		r.Machine["cpu"], r.Machine["cores"], r.Machine["memory"], r.Machine["kernel"], r.Machine["go"])
 	fmt.Fprintf(&b, "Load: %s callers, each with one call (or pipeline, or statement) in flight; %s; TTL %s; "+
-		"%s measured per case after %s of warm-up. Every mark is durable before its answer unless the system says otherwise below.\n\n",
-		r.Settings["concurrency"], r.Settings["id size"], r.Settings["ttl"], r.Settings["measured per case"], r.Settings["warm-up per case"])
+		"%s measured per case after %s of warm-up%s. Every mark is durable before its answer unless the system says otherwise below.\n\n",
+		r.Settings["concurrency"], r.Settings["id size"], r.Settings["ttl"], r.Settings["measured per case"], r.Settings["warm-up per case"], repeatNote(r.cfg.Repeat))
 
 	b.WriteString("## Results\n\n")
 	b.WriteString("Throughput in IDs/s; latency of one call (a whole pipeline or batch) in ms; server CPU summed over the system's processes. " +
@@ -384,4 +385,11 @@ func fmtTTL(d time.Duration) string {
 		return fmt.Sprintf("%d day(s)", d/(24*time.Hour))
 	}
 	return d.String()
+}
+
+func repeatNote(n int) string {
+	if n <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(", each case run %d times and the median run reported (range in the notes)", n)
 }
