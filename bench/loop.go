@@ -53,8 +53,8 @@ type Spec struct {
 	Count       int64         // IDs to measure (instead of Duration)
 	Warmup      time.Duration // load before measuring, not recorded
 	MaxTime     time.Duration // hard limit for the whole loop; default Warmup+Duration+30s, or 10 min with Count
-	// MaxErrors stops the loop early after this many failed ops in total
-	// (0: 1000 + 10% of the ops so far... see errorLimit).
+	// MaxErrors stops the loop early after this many failed ops in total;
+	// 0 means 1000 plus one per ten successful ops (see errorLimit).
 	MaxErrors int64
 	Progress  io.Writer // progress bar destination (stderr); nil for none
 	// OnMeasure is called when the measured window opens (true) and closes
