@@ -79,8 +79,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "UNSAFE:    server runs with %s (guarantees deliberately broken)\n", strings.Join(r.History.Meta.Unsafe, " "))
 	}
 	if r.Proxy != nil {
-		fmt.Fprintf(w, "raft proxy: %d connections, %d bytes forwarded, %d dropped, %d resets\n",
-			r.Proxy.Conns, r.Proxy.Forwarded, r.Proxy.Dropped, r.Proxy.Resets)
+		fmt.Fprintf(w, "raft proxy: %d connections (%d of unknown sender), %d bytes forwarded, %d dropped, %d resets\n",
+			r.Proxy.Conns, r.Proxy.Unknown, r.Proxy.Forwarded, r.Proxy.Dropped, r.Proxy.Resets)
 	}
 	fmt.Fprintln(w)
 	if err := r.Report.WriteTable(w); err != nil {

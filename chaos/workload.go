@@ -553,6 +553,12 @@ func (w *workload) check(ctx context.Context, client int, node *string, key, con
 	if ctx.Err() != nil {
 		return nil
 	}
+	if w.float() < 0.5 {
+		// Half the reads go to any node, not the one that served this
+		// client last: a node that lags or is cut off must not answer.
+		n := w.cs.ids[w.intn(len(w.cs.ids))]
+		node = &n
+	}
 	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Check, Key: key, Consistency: consistency})
 	cons := dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
 	if consistency == history.Stale {

@@ -229,7 +229,7 @@ func (n *Net) Close() error {
 func (n *Net) rule(from, to string) Rule {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, l := range []link{{from, to}, {Any, to}, {from, Any}} {
+	for _, l := range []link{{from, to}, {Any, to}, {from, Any}, {Any, Any}} {
 		if r, ok := n.rules[l]; ok {
 			return r
 		}

@@ -196,3 +196,14 @@ func TestUnknownSendersOnlyMatchWildcards(t *testing.T) {
 		return nil
 	})
 }
+
+func TestWildcardRuleCoversEveryLink(t *testing.T) {
+	pn, a, _, _, pb := setup(t)
+	eventually(t, "warm up", func() error { return a.send("b", pb) })
+	pn.Set(Any, Any, Rule{Drop: true})
+	if err := a.send("b", pb); err == nil {
+		t.Fatal("an RPC crossed a link dropped by the wildcard rule")
+	}
+	pn.Heal()
+	eventually(t, "a→b after heal", func() error { return a.send("b", pb) })
+}

@@ -147,6 +147,7 @@ func newChaosCmd() *cobra.Command {
 	fs.StringVar(&cfg.ViolationFile, "violation-file", "", "write the smallest offending history to `FILE` (default chaos-violation-<time>.json)")
 	fs.StringVar(&cfg.Dir, "dir", "", "process mode: `DIR` for the nodes' data and logs (default a temporary folder, removed afterwards)")
 	fs.BoolVar(&keep, "keep", false, "keep the nodes' data and logs (process) or leave the cluster running (docker)")
+	fs.StringVar(&cfg.Binary, "serve-binary", "", "process mode: run `PATH` serve instead of this binary (e.g. a test build)")
 	fs.StringArrayVar(&cfg.ServeArgs, "serve-arg", nil, "process mode: extra `FLAG` for every 'serve' (repeat the option for more)")
 	fs.StringVar(&dockerDir, "compose-dir", ".", "docker mode: `DIR` holding docker-compose.yml and docker-compose.5nodes.yml")
 	fs.StringVar(&dockerImage, "docker-image", "dedupnode:local", "docker mode: `IMAGE` to run")
