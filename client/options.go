@@ -1,10 +1,13 @@
 package client
 
 import (
+	"context"
+	"crypto/tls"
 	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // Defaults used by New.
@@ -70,6 +73,28 @@ func WithRetry(maxAttempts int, base, maxBackoff time.Duration) Option {
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
+
+// WithTLS connects over TLS with cfg (roots to verify the nodes, and a
+// client certificate when the cluster requires mutual TLS); see package
+// security for builders.
+func WithTLS(cfg *tls.Config) Option {
+	return WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+}
+
+// WithToken sends token on every call as "authorization: Bearer <token>",
+// for clusters that run with an auth file. Use it with WithTLS outside a
+// trusted network: over plaintext anyone on the path can read the token.
+func WithToken(token string) Option {
+	return WithDialOptions(grpc.WithPerRPCCredentials(bearerToken(token)))
+}
+
+type bearerToken string
+
+func (t bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+func (t bearerToken) RequireTransportSecurity() bool { return false }
 
 // WithLogger makes the client log retries and leader changes at DEBUG level.
 // Default: no logging.

@@ -8,6 +8,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dedupnode/dedupnode/fsm"
 )
 
@@ -42,6 +44,10 @@ type Config struct {
 	// RaftListener, if set, is used instead of listening on RaftAddr (tests
 	// bind every address before starting any node). Node takes ownership.
 	RaftListener net.Listener
+	// WrapRaftStream, if set, wraps the Raft stream layer (TCP over
+	// RaftListener/RaftAddr) before the transport uses it: TLS with mutual
+	// authentication (security.WrapStreamLayer) in production.
+	WrapRaftStream func(raft.StreamLayer) raft.StreamLayer
 	// GRPCAddr is the client address advertised for this node (recorded in
 	// the replicated node table so followers can forward to the leader).
 	GRPCAddr string

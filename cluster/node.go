@@ -138,8 +138,12 @@ func New(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 
+	var stream raft.StreamLayer = n.stream
+	if cfg.WrapRaftStream != nil {
+		stream = cfg.WrapRaftStream(n.stream)
+	}
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  n.stream,
+		Stream:  stream,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  hcl,

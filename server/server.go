@@ -21,9 +21,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/dedupnode/dedupnode/adminhttp"
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/metrics"
 )
 
 // Config configures a Server.
@@ -60,6 +62,13 @@ type Config struct {
 	// transport, message size limits), so transport credentials given here
 	// replace the insecure default.
 	DialOptions []grpc.DialOption
+	// AdminAddr, if set, serves the admin HTTP listener there (Prometheus
+	// /metrics, the status page at /, /healthz); port 0 picks a free port.
+	// AdminListener, if set, is used instead (the server takes ownership).
+	AdminAddr     string
+	AdminListener net.Listener
+	// Version is shown on the status page and in dedup_node_info.
+	Version string
 }
 
 // Server is a running dedupnode node: gRPC server plus Raft node.
@@ -79,6 +88,10 @@ type Server struct {
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
+
+	metrics *metrics.Metrics
+	admin   *adminhttp.Server
+	started time.Time
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -131,8 +144,13 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 
+	s.started = time.Now()
+	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Source: metrics.SourceFunc(s.metricsSnapshot)})
 	msg := maxMsgBytes(cfg.MaxBatch)
-	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg)}, cfg.ServerOptions...)...)
+	// The metrics interceptor comes first, so calls that later interceptors
+	// (access control from ServerOptions) refuse are counted too.
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg),
+		grpc.ChainUnaryInterceptor(s.metrics.UnaryServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)
 	dedupv1.RegisterInternalServer(s.grpc, s)
@@ -141,12 +159,28 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()
 		s.serveErr <- s.grpc.Serve(s.ln)
 	}()
 	go s.runHousekeeping()
+	go s.runMetrics()
+
+	if cfg.AdminAddr != "" || cfg.AdminListener != nil {
+		s.admin, err = adminhttp.Start(adminhttp.Config{
+			Addr:     cfg.AdminAddr,
+			Listener: cfg.AdminListener,
+			Status:   adminhttp.StatusFunc(s.AdminStatus),
+			Metrics:  s.metrics.Handler(),
+			Logger:   s.log,
+		})
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return nil, errors.Join(err, s.Close(cctx))
+		}
+	}
 
 	if len(cfg.Join) > 0 && !s.node.HadExistingState() {
 		if err := s.join(ctx); err != nil {
@@ -155,7 +189,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, errors.Join(err, s.Close(cctx))
 		}
 	}
-	s.log.Info("serving", "grpc_addr", s.GRPCAddr(), "raft_addr", s.RaftAddr())
+	s.log.Info("serving", "grpc_addr", s.GRPCAddr(), "raft_addr", s.RaftAddr(), "admin_addr", s.AdminAddr())
 	return s, nil
 }
 
@@ -183,6 +217,12 @@ func (s *Server) Node() *cluster.Node { return s.node }
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
+		var errs []error
+		if s.admin != nil {
+			if err := s.admin.Close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("admin listener: %w", err))
+			}
+		}
 		s.health.Shutdown()
 		done := make(chan struct{})
 		go func() {
@@ -200,7 +240,6 @@ func (s *Server) Close(ctx context.Context) error {
 		conns := s.conns
 		s.conns = nil
 		s.connMu.Unlock()
-		var errs []error
 		for _, c := range conns {
 			if err := c.Close(); err != nil {
 				errs = append(errs, err)

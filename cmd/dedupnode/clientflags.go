@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/security"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,7 +22,14 @@ type clientFlags struct {
 	addrs   []string
 	timeout time.Duration
 	output  string
+	tlsCA   string
+	tlsCert string
+	tlsKey  string
+	token   string
 }
+
+// clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
+var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token"}
 
 func (f *clientFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
@@ -30,11 +38,21 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.timeout, "timeout", 15*time.Second,
 		"give up a request (one batch, with its retries) after this `DURATION`")
 	fs.StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text (tab-separated, one line per item) or json (one object per line)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "connect over TLS, verifying the nodes with this CA `FILE` (PEM) (env DEDUPNODE_TLS_CA)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate `FILE` (PEM) for clusters that require mutual TLS (env DEDUPNODE_TLS_CERT)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")
+	fs.StringVar(&f.token, "token", "", "access `TOKEN` for clusters run with --auth-file; prefer env DEDUPNODE_TOKEN, which other users cannot see in the process list")
 }
 
 func (f *clientFlags) validate(cmd *cobra.Command) error {
-	if err := applyEnv(cmd.Flags(), "addr"); err != nil {
+	if err := applyEnv(cmd.Flags(), clientEnvFlags...); err != nil {
 		return err
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return usagef("--tls-cert and --tls-key go together")
+	}
+	if f.tlsCert != "" && f.tlsCA == "" {
+		return usagef("--tls-cert needs --tls-ca, the CA that signed the nodes' certificates")
 	}
 	if f.output != "text" && f.output != "json" {
 		return usagef("--output %q: want text or json", f.output)
@@ -64,9 +82,21 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	// Discovery at start is bounded by a short deadline: calls retry anyway.
 	dctx, cancel := context.WithTimeout(ctx, min(f.timeout, 2*time.Second))
 	defer cancel()
-	return client.New(dctx, f.addrs,
+	opts := []client.Option{
 		client.WithTimeout(min(f.timeout, 10*time.Second)),
-		client.WithRetry(1000, 50*time.Millisecond, time.Second))
+		client.WithRetry(1000, 50*time.Millisecond, time.Second),
+	}
+	if f.tlsCA != "" {
+		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	if f.token != "" {
+		opts = append(opts, client.WithToken(f.token))
+	}
+	return client.New(dctx, f.addrs, opts...)
 }
 
 // withTimeout bounds one request with its retries.
@@ -98,7 +128,15 @@ func explain(err error, f *clientFlags, namespace string) error {
 			hint: fmt.Sprintf("check that a majority of nodes is up with 'dedupnode status --addr %s', or raise --timeout", addrs)}
 	}
 	switch st.Code() {
+	case codes.Unauthenticated:
+		return &opError{err: fmt.Errorf("not authenticated: %s", msg), hint: "pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"}
+	case codes.PermissionDenied:
+		return &opError{err: fmt.Errorf("permission denied: %s", msg), hint: "use a token with that right, or ask an admin to grant it in the auth file"}
 	case codes.Unavailable:
+		if strings.Contains(msg, "handshake") || strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") {
+			return &opError{err: fmt.Errorf("TLS with %s failed: %s", addrs, msg),
+				hint: "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"}
+		}
 		return &opError{err: fmt.Errorf("cluster at %s unavailable: %s", addrs, msg),
 			hint: "start nodes (e.g. 'dedupnode dev'), pass --addr HOST:PORT of a running node, or wait for a leader (see 'dedupnode status')"}
 	case codes.NotFound:

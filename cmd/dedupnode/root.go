@@ -166,7 +166,7 @@ func newRootCmd(e *env) *cobra.Command {
 		&cobra.Group{ID: "dedup", Title: "Deduplicate message IDs:"},
 		&cobra.Group{ID: "admin", Title: "Administer namespaces and the cluster:"},
 	)
-	for _, c := range []*cobra.Command{newServeCmd(e), newDevCmd(e)} {
+	for _, c := range []*cobra.Command{newServeCmd(e), newDevCmd(e), newCertsCmd()} {
 		c.GroupID = "server"
 		root.AddCommand(c)
 	}

@@ -2,18 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
-	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/server"
+	"github.com/hashicorp/raft"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/dedupnode/dedupnode/auth"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/security"
+	"github.com/dedupnode/dedupnode/server"
 )
+
+// version is the dedupnode version, set at link time
+// (-ldflags "-X main.version=...").
+var version = "dev"
 
 // serveFlags are the flags of serve; each can also come from the
 // environment as DEDUPNODE_<FLAG>.
@@ -31,12 +44,23 @@ type serveFlags struct {
 	bloomFPRate   float64
 	logLevel      string
 	logFormat     string
+	tlsCert       string
+	tlsKey        string
+	tlsCA         string
+	tlsClientCA   string
+	authFile      string
+	adminAddr     string
+
+	// reload re-reads certificates and the token file (SIGHUP); set by
+	// config when there is anything to reload.
+	reload func() error
 }
 
 var serveFlagNames = []string{
 	"node-id", "data-dir", "raft-addr", "grpc-addr", "bootstrap", "peers", "join",
 	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
 	"log-level", "log-format",
+	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
 }
 
 const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
@@ -50,6 +74,17 @@ A new node needs exactly one way to find its cluster:
                         address; the node votes once it has caught up
 A node whose --data-dir already holds state needs none of them: it rejoins
 its cluster from what it stored.
+
+Security (see 'dedupnode certs --help' for a development CA):
+  --tls-cert/--tls-key/--tls-ca   TLS for gRPC and for Raft; Raft is mutually
+                        authenticated, so a node whose certificate another
+                        CA signed cannot join or send Raft traffic
+  --tls-client-ca FILE  clients must present a certificate signed by FILE
+  --auth-file FILE      require tokens (JSON token file, reread on SIGHUP
+                        together with the certificates)
+
+Observability: --admin-addr serves Prometheus metrics at /metrics, a status
+page at / and /healthz.
 
 Every flag can also be set in the environment as DEDUPNODE_<FLAG>, upper
 case with '-' as '_' (DEDUPNODE_NODE_ID, DEDUPNODE_PEERS, ...); flags on the
@@ -80,7 +115,7 @@ func newServeCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return serve(e.ctx, cfg, logger)
+			return serve(e.ctx, cfg, logger, f.reload)
 		}),
 	}
 	fs := cmd.Flags()
@@ -97,6 +132,12 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "this node's certificate `FILE` (PEM); turns on TLS for gRPC and Raft (needs --tls-key and --tls-ca)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "cluster CA `FILE` (PEM): verifies other nodes on Raft (mutual TLS) and gRPC")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA `FILE` (PEM) that must have signed every gRPC client's certificate: turns on mutual TLS for clients (must also accept the node certificates, e.g. the cluster CA)")
+	fs.StringVar(&f.authFile, "auth-file", "", "JSON token `FILE` mapping tokens to namespaces and rights (read, write, admin, node); every call then needs a token; reread on SIGHUP")
+	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
 	return cmd
 }
 
@@ -221,18 +262,110 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	cfg.Cluster.FSM.Bloom.ExpectedPerBucket = f.bloomExpected
 	cfg.Cluster.FSM.Bloom.FPRate = f.bloomFPRate
+	cfg.AdminAddr = f.adminAddr
+	cfg.Version = version
+	if err := f.security(&cfg, logger); err != nil {
+		return cfg, nil, err
+	}
 	return cfg, logger, nil
 }
 
-// serve runs one node until ctx ends, then shuts it down within 30 s.
-func serve(ctx context.Context, cfg server.Config, logger *slog.Logger) error {
+// security sets up TLS (gRPC, node-to-node gRPC and Raft) and access
+// control from the flags, and f.reload for SIGHUP.
+func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
+	var reloads []func() error
+	tlsOn := f.tlsCert != "" || f.tlsKey != ""
+	switch {
+	case tlsOn && (f.tlsCert == "" || f.tlsKey == ""):
+		return usagef("--tls-cert and --tls-key go together")
+	case tlsOn && f.tlsCA == "":
+		return usagef("--tls-cert needs --tls-ca, the CA that signed the other nodes' certificates (Raft traffic is mutually authenticated)")
+	case !tlsOn && (f.tlsCA != "" || f.tlsClientCA != ""):
+		return usagef("--tls-ca and --tls-client-ca need --tls-cert and --tls-key")
+	}
+	if tlsOn {
+		kp, err := security.LoadKeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		reloads = append(reloads, kp.Reload)
+		srvTLS, err := security.ServerTLS(kp, f.tlsClientCA, f.tlsCA)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		peerTLS, err := security.ClientTLS(f.tlsCA, kp, "")
+		if err != nil {
+			return usagef("%v", err)
+		}
+		rsrv, rcli, err := security.RaftTLS(kp, f.tlsCA)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		cfg.ServerOptions = append(cfg.ServerOptions, grpc.Creds(credentials.NewTLS(srvTLS)))
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(peerTLS)))
+		cfg.Cluster.WrapRaftStream = func(inner raft.StreamLayer) raft.StreamLayer {
+			return security.WrapStreamLayer(inner, rsrv, rcli)
+		}
+	}
+	if f.authFile != "" {
+		store, err := auth.Load(f.authFile)
+		if err != nil {
+			return usagef("--auth-file: %v", err)
+		}
+		reloads = append(reloads, store.Reload)
+		a := &auth.Authorizer{Tokens: store, TrustNodeCertificates: tlsOn, Logger: logger.With("component", "auth")}
+		if tlsOn {
+			if a.NodeRoots, err = security.LoadCertPool(f.tlsCA); err != nil {
+				return usagef("%v", err)
+			}
+		}
+		cfg.ServerOptions = append(cfg.ServerOptions,
+			grpc.ChainUnaryInterceptor(a.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(a.StreamServerInterceptor()))
+		if tok := store.NodeToken(); tok != "" {
+			cfg.DialOptions = append(cfg.DialOptions, grpc.WithPerRPCCredentials(auth.TokenCredentials(tok)))
+		} else if !tlsOn {
+			return usagef("--auth-file %s has no clear-text token with the \"node\" right, and without TLS nodes have no other way to recognise each other: add one (the same file on every node), or turn on TLS", f.authFile)
+		}
+	}
+	if len(reloads) > 0 {
+		f.reload = func() error {
+			var errs []error
+			for _, r := range reloads {
+				errs = append(errs, r())
+			}
+			return errors.Join(errs...)
+		}
+	}
+	return nil
+}
+
+// serve runs one node until ctx ends, then shuts it down within 30 s. On
+// SIGHUP it calls reload (when set): certificates and tokens are reread,
+// and on error the ones in force stay.
+func serve(ctx context.Context, cfg server.Config, logger *slog.Logger, reload func() error) error {
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err),
 			hint: "check that the addresses are free and the data dir is writable and not used by another process"}
 	}
-	logger.Info("dedupnode serving", "node", cfg.Cluster.NodeID, "grpc_addr", srv.GRPCAddr(), "raft_addr", srv.RaftAddr(), "data_dir", cfg.Cluster.DataDir)
-	<-ctx.Done()
+	logger.Info("dedupnode serving", "node", cfg.Cluster.NodeID, "grpc_addr", srv.GRPCAddr(), "raft_addr", srv.RaftAddr(),
+		"admin_addr", srv.AdminAddr(), "data_dir", cfg.Cluster.DataDir)
+	hup := make(chan os.Signal, 1)
+	if reload != nil {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	for ctx.Err() == nil {
+		select {
+		case <-hup:
+			if err := reload(); err != nil {
+				logger.Error("reload on SIGHUP failed; the previous certificates and tokens stay in force", "err", err)
+			} else {
+				logger.Info("reloaded certificates and tokens on SIGHUP")
+			}
+		case <-ctx.Done():
+		}
+	}
 	logger.Info("dedupnode shutting down", "node", cfg.Cluster.NodeID)
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
