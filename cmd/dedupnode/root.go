@@ -179,6 +179,8 @@ func newRootCmd(e *env) *cobra.Command {
 		root.AddCommand(c)
 	}
 	root.AddCommand(newChaosCmd())
+	root.AddCommand(newWebhookProxyCmd(e))
+	root.AddCommand(newDemoCmd(e))
 	return root
 }
 

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/webhook"
+)
+
+const webhookLong = `Webhook-proxy is a reverse proxy that deduplicates incoming webhooks by
+event ID before they reach your endpoint (--upstream):
+
+  - the first delivery of an event ID goes upstream; a 2xx answer commits
+    the ID, any other answer or a timeout (--upstream-timeout) releases it
+    so the sender's retry can succeed;
+  - a later delivery of the same ID gets 200 at once, without reaching the
+    upstream, with the header "Dedupnode-Status: duplicate";
+  - a delivery that arrives while the first one is still upstream gets 409
+    Conflict with Retry-After (seconds until the first one's lease ends).
+
+409 rather than 425 Too Early: 425 is about TLS early data and is retried
+at once by clients that know it; 409 says what is true (the event is being
+processed), every sender that retries on failure retries it, and a sender
+that gives up on 4xx loses nothing, because the first delivery still
+answers with the real outcome.
+
+The event ID comes from a header (--id-header, e.g. Webhook-Id,
+X-GitHub-Delivery, Idempotency-Key), a field of the JSON body
+(--id-json-field, e.g. id or data.object.id), or the body's SHA-256
+(--id-content). Only POST requests are deduplicated; other methods pass
+through. Every answer carries "Dedupnode-Status".`
+
+func newWebhookProxyCmd(e *env) *cobra.Command {
+	var (
+		addrs                      []string
+		listen, upstream, ns       string
+		idHeader, idJSON           string
+		idContent, digest, create  bool
+		lease, ttl, upTimeout, rpc time.Duration
+		maxBody                    int64
+		logLevel                   string
+	)
+	cmd := &cobra.Command{
+		Use:   "webhook-proxy --upstream URL (--id-header NAME | --id-json-field PATH | --id-content) [--listen ADDR] [--namespace NS] [--addr HOST:PORT,...]",
+		Short: "Reverse proxy that passes each webhook event upstream once",
+		Long:  webhookLong,
+		Example: strings.ReplaceAll(`  dedupnode webhook-proxy --upstream http://127.0.0.1:9000 --id-header Webhook-Id
+  dedupnode webhook-proxy --listen :8088 --upstream http://orders:8080/hooks --id-json-field data.object.id --namespace stripe`, "dedupnode ", e.progName+" "),
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags(), "addr"); err != nil {
+				return err
+			}
+			u, err := url.Parse(upstream)
+			if upstream == "" {
+				return usagef("--upstream is required: the URL of the endpoint that handles the webhooks, e.g. http://127.0.0.1:9000")
+			}
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return usagef("--upstream %q: want an http:// or https:// URL with a host", upstream)
+			}
+			var idFn webhook.IDFunc
+			n := 0
+			if idHeader != "" {
+				n, idFn = n+1, webhook.HeaderID(idHeader)
+			}
+			if idJSON != "" {
+				n, idFn = n+1, webhook.JSONFieldID(idJSON)
+			}
+			if idContent {
+				n, idFn = n+1, webhook.ContentID()
+			}
+			if n != 1 {
+				return usagef("give exactly one of --id-header NAME, --id-json-field PATH or --id-content")
+			}
+			if len(addrs) == 0 {
+				return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", defaultAddr)
+			}
+			logger, err := newLogger(e.stderr, logLevel, "text")
+			if err != nil {
+				return err
+			}
+
+			ctx := e.ctx
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			c, err := client.New(dctx, addrs, client.WithTimeout(rpc), client.WithRetry(1000, 50*time.Millisecond, time.Second))
+			cancel()
+			if err != nil {
+				return usagef("%v", err)
+			}
+			defer c.Close()
+			if err := ensureNamespace(ctx, c, ns, ttl, create, rpc); err != nil {
+				return err
+			}
+			b := c.NewBatcher()
+			defer b.Close()
+
+			h, err := webhook.NewProxy(u, webhook.Config{
+				Processor:      b,
+				Namespace:      ns,
+				ID:             idFn,
+				MaxBodyBytes:   maxBody,
+				DigestBody:     digest,
+				Timeout:        upTimeout,
+				ProcessOptions: []client.ProcessOption{client.WithLease(lease), client.WithCommitTTL(ttl)},
+				Logger:         logger,
+			})
+			if err != nil {
+				return usagef("%v", err)
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return &opError{err: fmt.Errorf("listen on %s: %w", listen, err), hint: "pick another --listen address"}
+			}
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			fmt.Fprintf(e.stdout, "webhook-proxy: listening on http://%s, forwarding to %s (namespace %s)\n", ln.Addr(), u, ns)
+
+			select {
+			case err := <-served:
+				return &opError{err: fmt.Errorf("serve: %w", err)}
+			case <-ctx.Done():
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), upTimeout+5*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				return &opError{err: fmt.Errorf("shutdown: %w", err)}
+			}
+			fmt.Fprintln(e.stderr, "webhook-proxy: stopped")
+			return nil
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringSliceVar(&addrs, "addr", []string{defaultAddr}, "gRPC `HOST:PORT` of one or more dedupnode nodes, comma-separated (env DEDUPNODE_ADDR)")
+	fs.StringVar(&listen, "listen", "127.0.0.1:8088", "`ADDR` to accept webhooks on (HOST:PORT; port 0 picks a free one)")
+	fs.StringVar(&upstream, "upstream", "", "`URL` of the endpoint that handles the webhooks (request paths are appended to its path)")
+	fs.StringVar(&idHeader, "id-header", "", "take the event ID from header `NAME`")
+	fs.StringVar(&idJSON, "id-json-field", "", "take the event ID from JSON body field `PATH` (dots for nesting, e.g. data.object.id)")
+	fs.BoolVar(&idContent, "id-content", false, "derive the event ID from the body's SHA-256 (identical bodies are the same event)")
+	fs.StringVar(&ns, "namespace", "webhooks", "dedupnode `NAMESPACE` of the event IDs")
+	fs.BoolVar(&create, "create-namespace", true, "create the namespace when it does not exist (default TTL --ttl, or 24h)")
+	fs.Var(durationValue{&ttl}, "ttl", "how long an event ID is remembered after its delivery succeeded (0: the namespace default, 24h unless configured); e.g. 72h, 7d")
+	fs.DurationVar(&lease, "lease", 30*time.Second, "how long a delivery in flight holds its event ID; renewed while the upstream works")
+	fs.DurationVar(&upTimeout, "upstream-timeout", 25*time.Second, "give up on the upstream after this `DURATION` (answer 504 and release the event ID)")
+	fs.DurationVar(&rpc, "timeout", 5*time.Second, "bound one dedupnode RPC attempt by this `DURATION`")
+	fs.Int64Var(&maxBody, "max-body", 1<<20, "largest request body accepted, in `BYTES` (larger: 413)")
+	fs.BoolVar(&digest, "digest-body", true, "send the body's SHA-256 with the event ID, so an ID reused for another body answers 422")
+	fs.StringVar(&logLevel, "log-level", "warn", "log `LEVEL` on stderr: debug (one line per webhook), info, warn or error")
+	return cmd
+}
+
+// ensureNamespace checks that ns exists and creates it when allowed.
+func ensureNamespace(ctx context.Context, c *client.Client, ns string, ttl time.Duration, create bool, rpc time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, max(rpc, 10*time.Second))
+	defer cancel()
+	_, err := c.DescribeNamespace(ctx, ns)
+	if status.Code(err) == codes.NotFound && create {
+		_, err = c.CreateNamespace(ctx, client.Namespace{Name: ns, DefaultTTL: ttl, MaxTTL: max(ttl, 7*24*time.Hour)})
+		if status.Code(err) == codes.AlreadyExists {
+			err = nil
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case status.Code(err) == codes.NotFound:
+		return &opError{err: fmt.Errorf("namespace %q does not exist", ns), hint: fmt.Sprintf("create it with 'dedupnode namespace create %s', or pass --create-namespace", ns)}
+	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded:
+		return &opError{err: fmt.Errorf("dedupnode cluster unreachable: %w", err), hint: "start one ('dedupnode dev') or pass --addr HOST:PORT of a running node"}
+	}
+	return &opError{err: err}
+}

@@ -1,0 +1,701 @@
+package demo
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/integrations/natsdedup"
+)
+
+// Config configures a demo run. Zero values take the defaults listed.
+type Config struct {
+	// Messages is the number of unique events published (default 100 000).
+	Messages int
+	// Consumers is the number of consumer processes, each with its own
+	// NATS connection, dedupnode client and Batcher (default 4).
+	Consumers int
+	// Workers is the number of messages each consumer handles at once
+	// (default 64).
+	Workers int
+	// Addrs, when set, names the gRPC addresses of a running cluster to
+	// use; otherwise a local cluster of Nodes nodes is started in-process.
+	Addrs []string
+	// Nodes is the size of the local cluster (default 3).
+	Nodes int
+	// KillLeaderEvery, when positive, kills the leader node abruptly (no
+	// leadership transfer) and restarts it, again and again at this
+	// interval while the consumers run. Needs the local cluster.
+	KillLeaderEvery time.Duration
+	// Dir holds the cluster's, NATS's and the ledger's data (default: a
+	// temporary folder removed at the end).
+	Dir string
+	// RetryRate is the share of events the producer publishes a second
+	// time, 1 to 3 s after the first (a retry after a lost publish ack);
+	// default 0.05.
+	RetryRate float64
+	// ReplayRate is the size of the older range replayed (republished)
+	// once 60% of the events are out, as a share of Messages; default 0.05.
+	ReplayRate float64
+	// CrashRate is the chance that a delivery makes its consumer crash
+	// mid-message: its NATS and dedupnode connections drop, every message
+	// it holds is abandoned (no ack, no release), and it restarts. Default
+	// 0.0005.
+	CrashRate float64
+	// StallRate is the chance that a delivery stalls its handler for 1.5 ×
+	// AckWait, so that JetStream redelivers it to another consumer while
+	// the claim is held. Default 0.001.
+	StallRate float64
+	// AckWait is the JetStream consumer's ack wait (default 2 s).
+	AckWait time.Duration
+	// Lease is the claim lease per message (default 10 s): a crashed
+	// consumer's messages are processed again once it has expired.
+	Lease time.Duration
+	// Seed seeds the event generator (default: the current time).
+	Seed uint64
+	// Timeout bounds the whole run (default 15 min).
+	Timeout time.Duration
+	// Progress, if set, receives a progress bar.
+	Progress io.Writer
+	// Logger receives the demo's logs (default: discarded).
+	Logger *slog.Logger
+	// NodeLogger receives the local cluster's nodes' logs (default:
+	// discarded; a killed leader's peers log connection errors).
+	NodeLogger *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Messages <= 0 {
+		c.Messages = 100_000
+	}
+	if c.Consumers <= 0 {
+		c.Consumers = 4
+	}
+	if c.Workers <= 0 {
+		c.Workers = 64
+	}
+	if c.Nodes <= 0 {
+		c.Nodes = 3
+	}
+	if c.RetryRate < 0 {
+		c.RetryRate = 0
+	}
+	if c.ReplayRate < 0 {
+		c.ReplayRate = 0
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 2 * time.Second
+	}
+	if c.Lease <= 0 {
+		c.Lease = 10 * time.Second
+	}
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 15 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.NodeLogger == nil {
+		c.NodeLogger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// DefaultConfig returns the settings `dedupnode demo` starts from.
+func DefaultConfig() Config {
+	return Config{RetryRate: 0.05, ReplayRate: 0.05, CrashRate: 0.0002, StallRate: 0.0005}
+}
+
+// Check is one verdict of the summary.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// Summary is the outcome of a run.
+type Summary struct {
+	OK bool `json:"ok"`
+	// Cluster describes the dedupnode cluster used.
+	Cluster   string `json:"cluster"`
+	Consumers int    `json:"consumers"`
+	Workers   int    `json:"workers_per_consumer"`
+
+	Published       int `json:"published"`
+	UniqueIDs       int `json:"unique_ids"`
+	ProducerRetries int `json:"producer_retries"`
+	Replayed        int `json:"replayed"`
+
+	Deliveries   int64 `json:"deliveries"`
+	Redeliveries int64 `json:"redeliveries"`
+	// DuplicatesSuppressed counts deliveries dedupnode answered
+	// "duplicate": acked without running the handler.
+	DuplicatesSuppressed int64 `json:"duplicates_suppressed"`
+	// InProgressDeferred counts deliveries that found another consumer's
+	// claim live: nak'ed to come back later, handler not run.
+	InProgressDeferred int64 `json:"in_progress_deferred"`
+	// HandlerFailures counts runs that ended without an effect and
+	// released (or, after a crash, abandoned) their claim.
+	HandlerFailures int64 `json:"handler_failures"`
+	// Unavailable counts deliveries whose claim could not be made
+	// (cluster unreachable, e.g. during a leader election): nak'ed.
+	Unavailable int64 `json:"dedupnode_unavailable"`
+	// CommitUnconfirmed counts runs whose effect may have happened but
+	// whose commit was not confirmed (crash or lost lease).
+	CommitUnconfirmed int64 `json:"commit_unconfirmed"`
+
+	EffectsApplied int64 `json:"effects_applied"`
+	// LedgerRepeatsRefused counts re-runs that reached the ledger for an
+	// event already applied and were refused by its idempotency check.
+	LedgerRepeatsRefused int   `json:"ledger_repeats_refused"`
+	LedgerTotal          int64 `json:"ledger_total"`
+	ExpectedTotal        int64 `json:"expected_total"`
+
+	ConsumerCrashes int64 `json:"consumer_crashes"`
+	ConsumerStalls  int64 `json:"consumer_stalls"`
+	LeaderKills     int64 `json:"leader_kills"`
+
+	Seconds           float64 `json:"seconds"`
+	MessagesPerSecond float64 `json:"messages_per_second"`
+	Checks            []Check `json:"checks"`
+}
+
+type event struct {
+	ID      string `json:"id"`
+	Account string `json:"account"`
+	Amount  int64  `json:"amount"`
+}
+
+type demoRun struct {
+	cfg    Config
+	log    *slog.Logger
+	ns     string
+	addrs  []string
+	cl     *Cluster
+	nats   *NATS
+	ledger *Ledger
+
+	deliveries, redeliveries, duplicates, deferred, failures, unavailable, unconfirmed atomic.Int64
+	crashes, stalls, kills                                                              atomic.Int64
+
+	mu     sync.Mutex
+	atRisk map[string]bool // IDs with a run whose commit was unconfirmed
+	acked  []bool          // by stream sequence, for the progress bar
+	ackedN int64
+}
+
+var errCrashed = errors.New("consumer crashed")
+
+// Run runs the demo and returns its summary; Summary.OK says whether every
+// check held. An error means the demo could not run (or was interrupted).
+func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
+	cfg.defaults()
+	if cfg.KillLeaderEvery > 0 && len(cfg.Addrs) > 0 {
+		return sum, errors.New("killing the leader needs the local cluster: drop --addr or --kill-leader-every")
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	r := &demoRun{cfg: cfg, log: cfg.Logger.With("component", "demo"), atRisk: map[string]bool{}}
+
+	dir := cfg.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "dedupnode-demo-"); err != nil {
+			return sum, err
+		}
+		defer os.RemoveAll(dir)
+	}
+	runID := make([]byte, 4)
+	for i := range runID {
+		runID[i] = byte(rand.N(256))
+	}
+	r.ns = "demo-" + hex.EncodeToString(runID)
+
+	// The dedupnode cluster.
+	sum.Cluster = fmt.Sprintf("%v", cfg.Addrs)
+	if len(cfg.Addrs) == 0 {
+		r.cl, err = StartCluster(ctx, ClusterConfig{Nodes: cfg.Nodes, Dir: filepath.Join(dir, "cluster"), Logger: cfg.NodeLogger})
+		if err != nil {
+			return sum, err
+		}
+		defer func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer ccancel()
+			if cerr := r.cl.Close(cctx); cerr != nil {
+				r.log.Warn("close cluster", "err", cerr)
+			}
+		}()
+		sum.Cluster = fmt.Sprintf("%d nodes in this process", cfg.Nodes)
+		cfg.Addrs = r.cl.Addrs()
+	}
+	r.addrs = cfg.Addrs
+	admin, err := r.newClient(ctx)
+	if err != nil {
+		return sum, err
+	}
+	defer admin.Close()
+	actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = admin.CreateNamespace(actx, client.Namespace{Name: r.ns, DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour, DefaultLease: cfg.Lease})
+	acancel()
+	if err != nil {
+		return sum, fmt.Errorf("create namespace %s: %w", r.ns, err)
+	}
+
+	// NATS JetStream.
+	if r.nats, err = StartNATS(filepath.Join(dir, "nats")); err != nil {
+		return sum, err
+	}
+	defer r.nats.Close()
+	nc, err := nats.Connect(r.nats.URL(), nats.Name("demo-producer"))
+	if err != nil {
+		return sum, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return sum, err
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEMO", Subjects: []string{"demo.events"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		return sum, fmt.Errorf("create stream: %w", err)
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.AckWait, MaxDeliver: -1,
+		MaxAckPending: cfg.Consumers * cfg.Workers * 4,
+	})
+	if err != nil {
+		return sum, fmt.Errorf("create consumer: %w", err)
+	}
+
+	// The ledger.
+	if r.ledger, err = OpenLedger(filepath.Join(dir, "ledger"), r.log); err != nil {
+		return sum, err
+	}
+	ledgerOpen := true
+	defer func() {
+		if ledgerOpen {
+			r.ledger.Close()
+		}
+	}()
+
+	// The plan: unique events, producer retries, a replay.
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	events := make([]event, cfg.Messages)
+	for i := range events {
+		events[i] = event{
+			ID:      fmt.Sprintf("%s-evt-%07d", r.ns, i),
+			Account: fmt.Sprintf("acct-%03d", rng.IntN(100)),
+			Amount:  1 + rng.Int64N(1000),
+		}
+		sum.ExpectedTotal += events[i].Amount
+	}
+	retryDelay := make(map[int]time.Duration)
+	for i := range events {
+		if rng.Float64() < cfg.RetryRate {
+			retryDelay[i] = time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		}
+	}
+	replayFrom, replayN := cfg.Messages/10, int(cfg.ReplayRate*float64(cfg.Messages))
+	replayAt := cfg.Messages * 6 / 10
+	sum.UniqueIDs, sum.ProducerRetries, sum.Replayed = cfg.Messages, len(retryDelay), replayN
+	sum.Published = cfg.Messages + len(retryDelay) + replayN
+	sum.Consumers, sum.Workers = cfg.Consumers, cfg.Workers
+	r.acked = make([]bool, sum.Published+1)
+
+	// Consumers, then the leader killer, then the producer.
+	start := time.Now()
+	cctx, stopConsumers := context.WithCancel(ctx)
+	var cwg sync.WaitGroup
+	for i := range cfg.Consumers {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			r.consumer(cctx, i, cons.CachedInfo().Name)
+		}()
+	}
+	defer func() {
+		stopConsumers()
+		cwg.Wait()
+	}()
+	var kwg sync.WaitGroup
+	if cfg.KillLeaderEvery > 0 {
+		kwg.Add(1)
+		go func() {
+			defer kwg.Done()
+			r.killLeaders(cctx)
+		}()
+	}
+	defer kwg.Wait()
+
+	var bar *progressbar.ProgressBar
+	if cfg.Progress != nil {
+		bar = progressbar.NewOptions64(int64(sum.Published),
+			progressbar.OptionSetWriter(cfg.Progress),
+			progressbar.OptionSetDescription("messages acked"),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowIts(),
+			progressbar.OptionSetItsString("msg"),
+			progressbar.OptionThrottle(200*time.Millisecond),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(cfg.Progress) }),
+		)
+	}
+
+	if err := r.publish(ctx, js, events, retryDelay, replayFrom, replayN, replayAt); err != nil {
+		return sum, err
+	}
+	r.log.Info("all published", "messages", sum.Published, "after", time.Since(start).Round(time.Millisecond), "acked", r.ackedCount())
+
+	// Wait until JetStream has every message acknowledged.
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if bar != nil {
+			_ = bar.Set64(r.ackedCount())
+		}
+		info, err := cons.Info(ctx)
+		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= uint64(sum.Published) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return sum, fmt.Errorf("waiting for every message to be acknowledged (%d of %d so far): %w", r.ackedCount(), sum.Published, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	elapsed := time.Since(start)
+	if bar != nil {
+		_ = bar.Set64(int64(sum.Published))
+		_ = bar.Finish()
+	}
+	stopConsumers()
+	cwg.Wait()
+	kwg.Wait()
+
+	// The ledger as stored, after a reopen.
+	if err := r.ledger.Close(); err != nil {
+		return sum, err
+	}
+	ledgerOpen = false
+	l2, err := OpenLedger(filepath.Join(dir, "ledger"), r.log)
+	if err != nil {
+		return sum, err
+	}
+	st, err := l2.Scan()
+	l2.Close()
+	if err != nil {
+		return sum, err
+	}
+
+	expectBal := map[string]int64{}
+	for _, ev := range events {
+		expectBal[ev.Account] += ev.Amount
+	}
+	sum.Deliveries = r.deliveries.Load()
+	sum.Redeliveries = r.redeliveries.Load()
+	sum.DuplicatesSuppressed = r.duplicates.Load()
+	sum.InProgressDeferred = r.deferred.Load()
+	sum.HandlerFailures = r.failures.Load()
+	sum.Unavailable = r.unavailable.Load()
+	sum.CommitUnconfirmed = r.unconfirmed.Load()
+	sum.EffectsApplied = int64(st.AppliedIDs)
+	sum.LedgerTotal = st.Total
+	sum.ConsumerCrashes = r.crashes.Load()
+	sum.ConsumerStalls = r.stalls.Load()
+	sum.LeaderKills = r.kills.Load()
+	sum.Seconds = elapsed.Seconds()
+	sum.MessagesPerSecond = float64(sum.Published) / elapsed.Seconds()
+
+	repeats := r.ledger.Repeats()
+	unexplained := 0
+	r.mu.Lock()
+	for id, n := range repeats {
+		sum.LedgerRepeatsRefused += n
+		if !r.atRisk[id] {
+			unexplained++
+		}
+	}
+	r.mu.Unlock()
+	badAccounts := 0
+	for acct, want := range expectBal {
+		if st.Balances[acct] != want {
+			badAccounts++
+		}
+	}
+	sum.Checks = []Check{
+		{"effects applied == unique IDs", sum.EffectsApplied == int64(sum.UniqueIDs),
+			fmt.Sprintf("%d effects in the ledger for %d unique event IDs", sum.EffectsApplied, sum.UniqueIDs)},
+		{"ledger total == expected", sum.LedgerTotal == sum.ExpectedTotal && badAccounts == 0,
+			fmt.Sprintf("total %d, expected %d; %d of %d accounts off", sum.LedgerTotal, sum.ExpectedTotal, badAccounts, len(expectBal))},
+		{"no silent second run", unexplained == 0,
+			fmt.Sprintf("%d re-runs reached the ledger, %d of them for events whose earlier run was not reported as unconfirmed by Process", sum.LedgerRepeatsRefused, unexplained)},
+	}
+	sum.OK = true
+	for _, c := range sum.Checks {
+		sum.OK = sum.OK && c.OK
+	}
+	return sum, nil
+}
+
+func (r *demoRun) newClient(ctx context.Context) (*client.Client, error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return client.New(dctx, r.addrs, client.WithTimeout(5*time.Second), client.WithRetry(100, 50*time.Millisecond, time.Second))
+}
+
+func (r *demoRun) ackedCount() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ackedN
+}
+
+// publish sends every event once in order, each planned producer retry
+// 1-3 s after its event, and the replay of an older range when 60% are out.
+func (r *demoRun) publish(ctx context.Context, js jetstream.JetStream, events []event, retryDelay map[int]time.Duration, replayFrom, replayN, replayAt int) error {
+	type retry struct {
+		due time.Time
+		i   int
+	}
+	retries := make(chan retry, len(retryDelay)+1)
+	var failed atomic.Value
+	send := func(i int) {
+		b, _ := json.Marshal(events[i])
+		for {
+			_, err := js.PublishMsgAsync(&nats.Msg{Subject: "demo.events", Data: b})
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				failed.Store(err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // async window full or reconnecting
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the retrying producer
+		defer wg.Done()
+		for rt := range retries {
+			select {
+			case <-time.After(time.Until(rt.due)):
+			case <-ctx.Done():
+				return
+			}
+			send(rt.i)
+		}
+	}()
+	for i := range events {
+		if ctx.Err() != nil {
+			break
+		}
+		send(i)
+		if d, ok := retryDelay[i]; ok {
+			retries <- retry{due: time.Now().Add(d), i: i}
+		}
+		if i+1 == replayAt {
+			for j := replayFrom; j < replayFrom+replayN && j < len(events); j++ {
+				send(j)
+			}
+		}
+	}
+	close(retries)
+	wg.Wait()
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return fmt.Errorf("publishing: %w", ctx.Err())
+	}
+	if err, _ := failed.Load().(error); err != nil {
+		return fmt.Errorf("publishing: %w", err)
+	}
+	return ctx.Err()
+}
+
+// consumer runs one consumer process, restarting it after each crash.
+func (r *demoRun) consumer(ctx context.Context, idx int, durable string) {
+	for gen := 0; ctx.Err() == nil; gen++ {
+		if err := r.consumerInstance(ctx, idx, gen, durable); err != nil && ctx.Err() == nil {
+			r.log.Warn("consumer stopped", "consumer", idx, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// consumerInstance is one life of a consumer process: it runs until ctx
+// ends or it crashes.
+func (r *demoRun) consumerInstance(ctx context.Context, idx, gen int, durable string) error {
+	ictx, die := context.WithCancel(ctx)
+	defer die()
+	nc, err := nats.Connect(r.nats.URL(), nats.Name(fmt.Sprintf("consumer-%d.%d", idx, gen)))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.Consumer(ictx, "DEMO", durable)
+	if err != nil {
+		return err
+	}
+	c, err := r.newClient(ictx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b := c.NewBatcher()
+	defer b.Close()
+
+	var once sync.Once
+	var crashed atomic.Bool
+	crash := func() {
+		once.Do(func() {
+			crashed.Store(true)
+			r.crashes.Add(1)
+			// The process dies: its connections drop, nothing more is
+			// acknowledged, released or committed.
+			die()
+			nc.Close()
+			c.Close()
+		})
+	}
+	h, err := natsdedup.New(natsdedup.Config{
+		Processor:       b,
+		Namespace:       r.ns,
+		ID:              natsdedup.JSONFieldID("id"),
+		Handler:         r.handler(crash),
+		RetryDelay:      500 * time.Millisecond,
+		InProgressDelay: 2 * time.Second,
+		ProcessOptions:  []client.ProcessOption{client.WithLease(r.cfg.Lease)},
+		Observe:         func(msg jetstream.Msg, res natsdedup.Result) { r.observe(msg, res, crashed.Load()) },
+		Context:         ictx,
+	})
+	if err != nil {
+		return err
+	}
+	err = h.Consume(ictx, cons, r.cfg.Workers, jetstream.PullMaxMessages(2*r.cfg.Workers))
+	if ictx.Err() != nil {
+		return nil // stopped or crashed: restart
+	}
+	return err
+}
+
+// handler applies one event to the ledger, crashing or stalling now and
+// then.
+func (r *demoRun) handler(crash func()) func(ctx context.Context, msg jetstream.Msg) error {
+	return func(ctx context.Context, msg jetstream.Msg) error {
+		var ev event
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			return err
+		}
+		switch roll := rand.Float64(); {
+		case roll < r.cfg.CrashRate:
+			crash()
+			return errCrashed
+		case roll < r.cfg.CrashRate+r.cfg.StallRate:
+			r.stalls.Add(1)
+			select {
+			case <-time.After(r.cfg.AckWait * 3 / 2):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		// The lease is lost or the consumer died: the effect must not
+		// happen.
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		lease, _ := client.LeaseFrom(ctx)
+		err := r.ledger.Apply(ev.ID, lease.FencingToken, ev.Account, ev.Amount)
+		if errors.Is(err, ErrAlreadyApplied) {
+			return nil // the second layer: already there, commit it
+		}
+		return err
+	}
+}
+
+// observe counts one delivery; crashed says whether its consumer had
+// crashed by the time the delivery ended.
+func (r *demoRun) observe(msg jetstream.Msg, res natsdedup.Result, crashed bool) {
+	r.deliveries.Add(1)
+	md, err := msg.Metadata()
+	if err == nil && md.NumDelivered > 1 {
+		r.redeliveries.Add(1)
+	}
+	switch res.Outcome {
+	case client.OutcomeDuplicate:
+		r.duplicates.Add(1)
+	case client.OutcomeInProgress:
+		r.deferred.Add(1)
+	case client.OutcomeFailed:
+		r.failures.Add(1)
+	case client.OutcomeLeaseLost, client.OutcomeError:
+		if !res.Ran {
+			if crashed {
+				r.failures.Add(1) // its claim died with the consumer
+			} else {
+				r.unavailable.Add(1)
+			}
+			break
+		}
+		r.unconfirmed.Add(1)
+		r.mu.Lock()
+		r.atRisk[string(res.ID)] = true
+		r.mu.Unlock()
+	}
+	if res.Action == natsdedup.ActionAck && res.AckErr == nil && err == nil {
+		r.mu.Lock()
+		if s := md.Sequence.Stream; s < uint64(len(r.acked)) && !r.acked[s] {
+			r.acked[s] = true
+			r.ackedN++
+		}
+		r.mu.Unlock()
+	}
+}
+
+// killLeaders kills the leader abruptly and restarts it, every
+// KillLeaderEvery, until ctx ends.
+func (r *demoRun) killLeaders(ctx context.Context) {
+	t := time.NewTicker(r.cfg.KillLeaderEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		i, err := r.cl.KillLeader(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("kill leader", "err", err)
+			}
+			continue
+		}
+		r.kills.Add(1)
+		r.log.Info("leader killed", "node", r.cl.NodeID(i))
+		if err := r.cl.Restart(ctx, i); err != nil && ctx.Err() == nil {
+			r.log.Warn("restart node", "node", r.cl.NodeID(i), "err", err)
+		}
+	}
+}
