@@ -193,7 +193,7 @@ type demoRun struct {
 	ledger *Ledger
 
 	deliveries, redeliveries, duplicates, deferred, failures, unavailable, unconfirmed atomic.Int64
-	crashes, stalls, kills                                                              atomic.Int64
+	crashes, stalls, kills                                                             atomic.Int64
 
 	mu     sync.Mutex
 	atRisk map[string]bool // IDs with a run whose commit was unconfirmed
