@@ -1,0 +1,177 @@
+package chaos
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/chaos/check"
+	"github.com/dedupnode/dedupnode/chaos/history"
+)
+
+// These tests start real `dedupnode serve` processes (and a deliberately
+// broken build of the server) and run the chaos runner against them. They
+// assert on what the checker finds, never on timing.
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// binaries builds dedupnode and the unsafe test server once per test run.
+func binaries(t *testing.T) (dedupnode, unsafeServe string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts real server processes; skipped with -short")
+	}
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "dedupnode-chaos-test-*")
+		if buildErr != nil {
+			return
+		}
+		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goBin); err != nil {
+			goBin = "go"
+		}
+		cmd := exec.Command(goBin, "build", "-o", buildDir+string(os.PathSeparator),
+			"github.com/dedupnode/dedupnode/cmd/dedupnode", "github.com/dedupnode/dedupnode/chaos/internal/unsafeserve")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = &buildError{err: err, out: string(out)}
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build the binaries: %v", buildErr)
+	}
+	return filepath.Join(buildDir, "dedupnode"), filepath.Join(buildDir, "unsafeserve")
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func testConfig(t *testing.T, binary string, d time.Duration, faults ...string) Config {
+	dir := t.TempDir()
+	return Config{
+		Mode:          ModeProcess,
+		Duration:      d,
+		Nodes:         3,
+		Binary:        binary,
+		Dir:           filepath.Join(dir, "cluster"),
+		Faults:        faults,
+		NoFaults:      len(faults) == 0,
+		Hold:          [2]time.Duration{2 * time.Second, 4 * time.Second},
+		Rest:          [2]time.Duration{time.Second, 2 * time.Second},
+		Workload:      WorkloadConfig{Clients: 6},
+		ViolationFile: filepath.Join(dir, "violation.json"),
+		HistoryFile:   filepath.Join(dir, "history.json"),
+		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Logf("%s", b)
+	return len(b), nil
+}
+
+func runChaos(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("chaos run: %v", err)
+	}
+	return res
+}
+
+func TestChaosProcessRunKeepsEveryInvariant(t *testing.T) {
+	dn, _ := binaries(t)
+	cfg := testConfig(t, dn, 30*time.Second,
+		FaultKillLeader, FaultPauseLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultKillAll, FaultSlow)
+	res := runChaos(t, cfg)
+	rep := res.Report
+	if !rep.OK() {
+		t.Fatalf("violations on a correct server: %s\n%+v\nhistory in %s", rep.Summary(), rep.Details, res.HistoryFile)
+	}
+	if rep.Operations == 0 || rep.Faults == 0 || rep.OpsByKind[string(history.Mark)]["ok:new"] == 0 ||
+		rep.OpsByKind[string(history.Claim)]["ok:acquired"] == 0 {
+		t.Fatalf("the run did too little to mean anything: %+v", rep)
+	}
+	if res.Proxy == nil || res.Proxy.Unknown != 0 {
+		t.Fatalf("the Raft proxy could not name every sender: %+v", res.Proxy)
+	}
+	h, err := history.ReadFile(res.HistoryFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := check.Run(h, check.Options{}); again.Summary() != rep.Summary() || again.Operations != rep.Operations {
+		t.Fatalf("re-checking the written history gave %s (%d ops), the run %s (%d ops)",
+			again.Summary(), again.Operations, rep.Summary(), rep.Operations)
+	}
+}
+
+// caught runs the unsafe server with knob until the checker reports one of
+// the invariants in want (at most 3 runs: each run is random).
+func caught(t *testing.T, knob string, d time.Duration, faults []string, want ...string) *Result {
+	t.Helper()
+	_, unsafeServe := binaries(t)
+	for try := 1; try <= 3; try++ {
+		cfg := testConfig(t, unsafeServe, d, faults...)
+		cfg.ServeArgs = []string{knob}
+		res := runChaos(t, cfg)
+		for _, inv := range want {
+			if res.Report.Violations[inv] > 0 {
+				t.Logf("run %d: %s caught: %s", try, knob, res.Report.Summary())
+				return res
+			}
+		}
+		t.Logf("run %d: %s not caught yet: %s", try, knob, res.Report.Summary())
+	}
+	t.Fatalf("the checker did not catch %s in 3 runs", knob)
+	return nil
+}
+
+func TestChaosCatchesStaleLinearizableReads(t *testing.T) {
+	res := caught(t, "--unsafe-stale-reads", 20*time.Second, []string{FaultSplit, FaultIsolateLeader},
+		check.NoStaleRead, check.Linearizable)
+	// The smallest offending history is written and shows the violation
+	// again on its own.
+	sub, err := history.ReadFile(res.ViolationFile)
+	if err != nil {
+		t.Fatalf("smallest offending history: %v", err)
+	}
+	if len(sub.Ops) == 0 || len(sub.Ops) >= len(res.History.Ops) {
+		t.Fatalf("offending history has %d of %d operations", len(sub.Ops), len(res.History.Ops))
+	}
+	if rep := check.Run(sub, check.Options{}); rep.OK() {
+		t.Fatalf("the offending history passes on its own: %s", sub.Meta.Note)
+	}
+	if len(sub.Meta.Unsafe) == 0 {
+		t.Fatal("the history does not record the unsafe server flag")
+	}
+}
+
+func TestChaosCatchesAcknowledgingBeforeCommit(t *testing.T) {
+	caught(t, "--unsafe-ack-before-commit", 10*time.Second, nil, check.AtMostOneWinner, check.NoLostWrites)
+}
