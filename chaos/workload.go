@@ -430,6 +430,7 @@ func (w *workload) invoke(ctx context.Context, node *string, op *history.Op, cal
 		acancel()
 		if err == nil {
 			*node = id
+			op.Uncertain = indeterminate
 			return history.OK, ""
 		}
 		last = err

@@ -344,7 +344,7 @@ func (c *checker) winners(kh *keyHist) {
 			case o.Kind == history.Commit && o.Acked() && o.Result == history.ResultOK && o.Record != nil:
 				w.endMs = max(w.endMs, o.Record.ExpiresMs)
 				w.ops = append(w.ops, o)
-			case o.Kind == history.Release && (o.Outcome == history.Info || (o.Acked() && o.Result == history.ResultOK)):
+			case o.Kind == history.Release && mayHaveReleased(o):
 				w.releasedAt = min(w.releasedAt, o.Start)
 				w.ops = append(w.ops, o)
 			}
@@ -455,9 +455,17 @@ func (c *checker) staleReads(kh *keyHist) {
 	}
 }
 
+// mayHaveReleased reports whether a Release may have dropped its lease: it
+// answered ok, its outcome is unknown, or an earlier attempt of it may have
+// applied (a retried Release answers lease_lost once the lease it released
+// was claimed again).
+func mayHaveReleased(o *history.Op) bool {
+	return o.Outcome == history.Info || (o.Acked() && (o.Result == history.ResultOK || o.Uncertain))
+}
+
 func releasedBefore(ops []*history.Op, fence uint64, t int64) bool {
 	for _, o := range ops {
-		if o.Kind == history.Release && o.Fence == fence && o.Start <= t && (o.Outcome == history.Info || (o.Acked() && o.Result == history.ResultOK)) {
+		if o.Kind == history.Release && o.Fence == fence && o.Start <= t && mayHaveReleased(o) {
 			return true
 		}
 	}

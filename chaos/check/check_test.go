@@ -317,3 +317,20 @@ func TestNewWinnerAfterExpiryIsALegalNewLifetime(t *testing.T) {
 		t.Errorf("an ID whose record expired inside the run was checked against the set-once model")
 	}
 }
+
+func TestRetriedReleaseThatLostItsAnswerMayHaveReleased(t *testing.T) {
+	// The first attempt of the release timed out but was applied; a second
+	// claim won; the release's retry then answered lease_lost. The second
+	// winner is legal.
+	b := newBuilder().
+		claim(0, "c1", "aa", 0, 20, history.Acquired, 10, 2000, 4).
+		release(0, "c1", 4, 100, 3200, history.LeaseLost).
+		claim(1, "c1", "bb", 900, 920, history.Acquired, 910, 2000, 9).
+		commit(1, "c1", 9, 950, 970, history.ResultOK, "bb", 910)
+	b.h.Ops[1].Uncertain = true
+	b.final("c1", 10000, &history.Record{State: "committed", FirstSeenMs: t0 + 910, ExpiresMs: t0 + 970 + hour, Token: "bb", Fence: 9})
+	wantOnly(t, run(t, b))
+	// Without the uncertainty the same answers show two winners.
+	b.h.Ops[1].Uncertain = false
+	wantOnly(t, run(t, b), AtMostOneWinner)
+}

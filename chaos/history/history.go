@@ -98,9 +98,14 @@ type Op struct {
 	Start   int64   `json:"start"`
 	End     int64   `json:"end"`
 	Outcome Outcome `json:"outcome"`
-	Result  string  `json:"result,omitempty"`
-	Error   string  `json:"error,omitempty"`
-	Record  *Record `json:"record,omitempty"`
+	// Uncertain marks an OK operation an earlier attempt of which failed
+	// in a way that may have applied it: the answer is that of the last
+	// attempt. It matters for Release, whose retry answers lease_lost when
+	// the first attempt released the lease and someone claimed it since.
+	Uncertain bool    `json:"uncertain,omitempty"`
+	Result    string  `json:"result,omitempty"`
+	Error     string  `json:"error,omitempty"`
+	Record    *Record `json:"record,omitempty"`
 }
 
 // Acked reports whether the server answered the operation.
