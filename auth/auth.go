@@ -59,7 +59,7 @@ type Right uint8
 const (
 	Read  Right = 1 << iota // Check, DescribeNamespace, ListNamespaces, Status
 	Write                   // Mark, Claim, Commit, Renew, Release, Forget
-	Admin                   // namespace create/update/delete; on "*": Join, Remove, TransferLeadership
+	Admin                   // namespace create/update/delete, Export; on "*": Join, Remove, TransferLeadership, Promote, Backup
 	Node                    // everything, including the Internal service (nodes only)
 )
 

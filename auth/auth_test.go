@@ -172,7 +172,7 @@ func TestReloadKeepsOldTableOnError(t *testing.T) {
 }
 
 func TestEveryMethodHasARule(t *testing.T) {
-	for _, sd := range []grpc.ServiceDesc{dedupv1.Dedup_ServiceDesc, dedupv1.Admin_ServiceDesc, dedupv1.Internal_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{dedupv1.Dedup_ServiceDesc, dedupv1.Admin_ServiceDesc, dedupv1.Internal_ServiceDesc, dedupv1.Ops_ServiceDesc} {
 		for _, m := range sd.Methods {
 			if _, ok := Methods["/"+sd.ServiceName+"/"+m.MethodName]; !ok {
 				t.Errorf("%s/%s has no access rule", sd.ServiceName, m.MethodName)

@@ -61,6 +61,11 @@ var Methods = map[string]Rule{
 
 	dedupv1.Internal_ReadIndex_FullMethodName: {Node, ScopeAll},
 
+	dedupv1.Ops_Promote_FullMethodName: {Admin, ScopeAll},
+	dedupv1.Ops_Backup_FullMethodName:  {Admin, ScopeAll},
+	// Export enumerates a namespace: more than Check's one-ID-at-a-time read.
+	dedupv1.Ops_Export_FullMethodName: {Admin, ScopeNamespace},
+
 	"/grpc.health.v1.Health/Check":                                   {0, ScopePublic},
 	"/grpc.health.v1.Health/Watch":                                   {0, ScopePublic},
 	"/grpc.health.v1.Health/List":                                    {0, ScopePublic},

@@ -13,5 +13,5 @@ command -v protoc >/dev/null || { echo "protoc not found: apt-get install -y pro
 PATH="$bin:$PATH" protoc -I api \
   --go_out=api --go_opt=paths=source_relative \
   --go-grpc_out=api --go-grpc_opt=paths=source_relative \
-  api/dedup/v1/dedup.proto
+  api/dedup/v1/dedup.proto api/dedup/v1/ops.proto
 echo "generated api/dedup/v1"

@@ -326,6 +326,23 @@ func TestSecureClusterTLSEverywhereAndTokens(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
+	// Streams are checked too: Backup needs admin on "*", Export admin on
+	// the namespace.
+	ordersOps := dedupv1.NewOpsClient(dialAs(t, p, addr, "client", ordersToken))
+	if _, err := recvAll(ordersOps.Export(ctx, &dedupv1.ExportRequest{Namespace: "orders"})); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("export without admin: %v", err)
+	}
+	bst, err := ordersOps.Backup(ctx, &dedupv1.BackupRequest{})
+	if err == nil {
+		_, err = bst.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("backup without admin: %v", err)
+	}
+	if n, err := recvAll(dedupv1.NewOpsClient(ops).Export(ctx, &dedupv1.ExportRequest{Namespace: "orders"})); err != nil || n != 3 {
+		t.Errorf("export with admin: %d records, %v", n, err)
+	}
+
 	// The refused mark wrote nothing.
 	resp, err := dedupv1.NewDedupClient(ops).Check(ctx, &dedupv1.CheckRequest{Namespace: "orders", Ids: [][]byte{[]byte("refused")}})
 	if err != nil || resp.Results[0].Code != dedupv1.CheckResult_NOT_SEEN {

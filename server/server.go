@@ -154,6 +154,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)
 	dedupv1.RegisterInternalServer(s.grpc, s)
+	dedupv1.RegisterOpsServer(s.grpc, &opsServer{s: s})
 	s.health = health.NewServer()
 	s.setHealth(false)
 	healthpb.RegisterHealthServer(s.grpc, s.health)

@@ -174,7 +174,8 @@ func newRootCmd(e *env) *cobra.Command {
 		c.GroupID = "dedup"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{newStatusCmd(e), newMembersCmd(e), newNamespaceCmd(e), newJoinCmd(e), newRemoveCmd(e), newTransferLeaderCmd(e)} {
+	for _, c := range []*cobra.Command{newStatusCmd(e), newMembersCmd(e), newNamespaceCmd(e), newJoinCmd(e), newRemoveCmd(e), newTransferLeaderCmd(e),
+		newPromoteCmd(e), newBackupCmd(e), newRestoreCmd(e), newExportCmd(e), newImportCmd(e)} {
 		c.GroupID = "admin"
 		root.AddCommand(c)
 	}

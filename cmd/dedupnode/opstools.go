@@ -1,0 +1,550 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/auth"
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/security"
+)
+
+// opsCall runs fn against the nodes of --addr in turn until one answers
+// with something other than Unavailable, over a raw gRPC connection with
+// the client flags' TLS and token. For the Ops service, which the client
+// package does not wrap.
+func (f *clientFlags) opsCall(ctx context.Context, cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
+	if err := f.validate(cmd); err != nil {
+		return err
+	}
+	creds := insecure.NewCredentials()
+	if f.tlsCA != "" {
+		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+	if f.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(f.token)))
+	}
+	var errs []error
+	for _, a := range f.addrs {
+		cc, err := grpc.NewClient(a, opts...)
+		if err != nil {
+			return usagef("--addr %s: %v", a, err)
+		}
+		err = fn(ctx, cc)
+		cc.Close()
+		if status.Code(err) != codes.Unavailable {
+			return err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", a, err))
+	}
+	return errors.Join(errs...)
+}
+
+// progressOut returns where to draw a progress bar: stderr when it is a
+// terminal and not turned off, else nowhere.
+func progressOut(e *env, off bool) io.Writer {
+	if f, ok := e.stderr.(*os.File); ok && !off && term.IsTerminal(int(f.Fd())) {
+		return f
+	}
+	return io.Discard
+}
+
+func newBar(w io.Writer, total int64, desc string, bytes bool) *progressbar.ProgressBar {
+	opts := []progressbar.Option{
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(200 * time.Millisecond),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionClearOnFinish(),
+	}
+	if bytes {
+		opts = append(opts, progressbar.OptionShowBytes(true))
+	}
+	return progressbar.NewOptions64(total, opts...)
+}
+
+func newPromoteCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	cmd := &cobra.Command{
+		Use:   "promote [flags] NODE_ID",
+		Short: "Make a non-voter a voter now",
+		Long: `Promote turns the non-voter NODE_ID into a voter at once. The leader
+promotes a joined node by itself once it has caught up; use this to skip
+the wait (the node still catches up as a voter, and the cluster's quorum
+grows with it at once).`,
+		Example: strings.ReplaceAll(`  dedupnode promote --addr 127.0.0.1:7070 n4`, "dedupnode ", e.progName+" "),
+		Args:    cobra.ExactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := f.withTimeout(e.ctx)
+			defer cancel()
+			err := f.opsCall(ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
+				_, err := dedupv1.NewOpsClient(cc).Promote(ctx, &dedupv1.PromoteRequest{NodeId: args[0]})
+				return err
+			})
+			if err != nil {
+				return explain(err, f, "")
+			}
+			return report(e.stdout, f.output, map[string]any{"promoted": args[0]}, "%s is a voter", args[0])
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func newBackupCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	var out string
+	var noProgress bool
+	cmd := &cobra.Command{
+		Use:   "backup --addr HOST:PORT --out FILE",
+		Short: "Stream a consistent snapshot of the whole cluster state to a file",
+		Long: `Backup asks a node for a consistent snapshot of every namespace and
+record (taken after a linearizable read barrier: it holds every write
+acknowledged before the command started) and writes it to --out. The file
+ends with a SHA-256 of its content, checked here before the file is put in
+place. 'dedupnode restore' seeds a new cluster from it.`,
+		Example: strings.ReplaceAll(`  dedupnode backup --addr 127.0.0.1:7070 --out dedup-$(date +%F).snap`, "dedupnode ", e.progName+" "),
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return usagef("--out is required: the file to write the backup to")
+			}
+			tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial*")
+			if err != nil {
+				return &opError{err: err, hint: "check that the directory of --out exists and is writable"}
+			}
+			defer os.Remove(tmp.Name())
+			defer tmp.Close()
+			bar := newBar(progressOut(e, noProgress), -1, "backup", true)
+			var index, size int64
+			h := sha256.New()
+			var tail []byte // the last 32 bytes seen: the checksum
+			// No --timeout on the stream: a backup takes as long as it takes.
+			err = f.opsCall(e.ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
+				st, err := dedupv1.NewOpsClient(cc).Backup(ctx, &dedupv1.BackupRequest{})
+				if err != nil {
+					return err
+				}
+				for {
+					ch, err := st.Recv()
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					if size == 0 {
+						index = int64(ch.Index)
+					}
+					if _, err := tmp.Write(ch.Data); err != nil {
+						return err
+					}
+					size += int64(len(ch.Data))
+					tail = append(tail, ch.Data...)
+					if len(tail) > 32 {
+						h.Write(tail[:len(tail)-32])
+						tail = append(tail[:0], tail[len(tail)-32:]...)
+					}
+					bar.Add(len(ch.Data))
+				}
+			})
+			bar.Finish()
+			if err != nil {
+				return explain(err, f, "")
+			}
+			if len(tail) != 32 || !bytes.Equal(h.Sum(nil), tail) {
+				return &opError{err: errors.New("backup stream is damaged: checksum mismatch"), hint: "run the backup again"}
+			}
+			if err := tmp.Sync(); err != nil {
+				return &opError{err: err}
+			}
+			if err := tmp.Close(); err != nil {
+				return &opError{err: err}
+			}
+			if err := os.Rename(tmp.Name(), out); err != nil {
+				return &opError{err: err}
+			}
+			return report(e.stdout, f.output, map[string]any{"file": out, "bytes": size, "index": index},
+				"wrote %s (%d bytes, state as of Raft index %d)", out, size, index)
+		}),
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (written to a temporary file first, renamed when complete and verified)")
+	cmd.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
+	return cmd
+}
+
+func newRestoreCmd(e *env) *cobra.Command {
+	var from, nodeID, dataDir, raftAddr string
+	cmd := &cobra.Command{
+		Use:   "restore --from FILE --node-id ID --data-dir DIR --raft-addr HOST:PORT",
+		Short: "Seed a new cluster's first node from a backup (offline)",
+		Long: `Restore prepares an empty --data-dir as the first node of a new cluster
+holding the state of a backup: it verifies the backup's checksum, installs
+it, and records a one-voter Raft configuration (this node at --raft-addr)
+at the backup's Raft index, so the new cluster's log continues after it.
+
+Then start the node with 'serve' and the same --node-id, --data-dir and
+--raft-addr, and without --bootstrap, --peers or --join; start the other
+nodes with 'serve --join' pointing at it. Nodes of the old cluster remain in
+the node table until you 'remove' them.`,
+		Example: strings.ReplaceAll(`  dedupnode restore --from dedup.snap --node-id r1 --data-dir data/r1 --raft-addr 127.0.0.1:7000
+  dedupnode serve   --node-id r1 --data-dir data/r1 --raft-addr 127.0.0.1:7000 --grpc-addr 127.0.0.1:7070
+  dedupnode serve   --node-id r2 --data-dir data/r2 --raft-addr 127.0.0.1:7001 --grpc-addr 127.0.0.1:7071 --join 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
+		Args: cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if from == "" || nodeID == "" || dataDir == "" || raftAddr == "" {
+				return usagef("--from, --node-id, --data-dir and --raft-addr are all required")
+			}
+			if hasState(dataDir) {
+				return usagef("%s already holds a node's state: restore into a new, empty --data-dir", dataDir)
+			}
+			in, err := os.Open(from)
+			if err != nil {
+				return &opError{err: err, hint: "check --from"}
+			}
+			defer in.Close()
+			index, term, err := cluster.SeedFromBackup(dataDir, nodeID, raftAddr, in, nil)
+			if err != nil {
+				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
+			}
+			fmt.Fprintf(e.stdout, "restored %s into %s (Raft index %d, term %d) as node %s at %s\n", from, dataDir, index, term, nodeID, raftAddr)
+			fmt.Fprintf(e.stdout, "start it with: %s serve --node-id %s --data-dir %s --raft-addr %s --grpc-addr HOST:PORT\n", e.progName, nodeID, dataDir, raftAddr)
+			return nil
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&from, "from", "", "backup `FILE` written by 'dedupnode backup'")
+	fs.StringVar(&nodeID, "node-id", "", "`ID` of the new cluster's first node (a new ID, not one of the old cluster's)")
+	fs.StringVar(&dataDir, "data-dir", "", "empty `DIR` to seed")
+	fs.StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` the node will serve on, as the other nodes reach it")
+	return cmd
+}
+
+// exportLine is one record in export/import NDJSON.
+type exportLine struct {
+	ID    string `json:"id,omitempty"`
+	IDB64 string `json:"id_b64,omitempty"`
+	State string `json:"state,omitempty"`
+	// FirstSeenUnixMs is informative: import records IDs anew.
+	FirstSeenUnixMs int64 `json:"first_seen_unix_ms,omitempty"`
+	ExpiresUnixMs   int64 `json:"expires_unix_ms,omitempty"`
+	// TTL (a duration such as "90s", "24h", "7d") or TTLMs: the record's
+	// time to live from the moment of import. Without either, and without
+	// ExpiresUnixMs, import uses --ttl or the namespace default.
+	TTL   string `json:"ttl,omitempty"`
+	TTLMs int64  `json:"ttl_ms,omitempty"`
+}
+
+func newExportCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	var namespace, out string
+	cmd := &cobra.Command{
+		Use:   "export --namespace NS [--out FILE]",
+		Short: "Write the live IDs of a namespace as NDJSON",
+		Long: `Export writes every live ID of a namespace (recorded, not expired, not
+forgotten) as of a linearizable read barrier, one JSON object per line:
+{"id": ..., "state": "committed"|"leased", "first_seen_unix_ms": ...,
+"expires_unix_ms": ...}; IDs that are not valid UTF-8 come as "id_b64"
+(standard base64). 'dedupnode import' reads the same format. Needs the
+admin right on the namespace when the cluster runs with tokens.`,
+		Example: strings.ReplaceAll(`  dedupnode export --addr 127.0.0.1:7070 --namespace orders --out orders.ndjson`, "dedupnode ", e.progName+" "),
+		Args:    cobra.NoArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			w := e.stdout
+			var file *os.File
+			if out != "" && out != "-" {
+				var err error
+				if file, err = os.Create(out); err != nil {
+					return &opError{err: err, hint: "check --out"}
+				}
+				defer file.Close()
+				w = file
+			}
+			bw := bufio.NewWriterSize(w, 1<<20)
+			enc := json.NewEncoder(bw)
+			n := 0
+			err := f.opsCall(e.ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
+				st, err := dedupv1.NewOpsClient(cc).Export(ctx, &dedupv1.ExportRequest{Namespace: namespace})
+				if err != nil {
+					return err
+				}
+				for {
+					ch, err := st.Recv()
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					for _, r := range ch.Records {
+						l := exportLine{FirstSeenUnixMs: r.FirstSeenUnixMs, ExpiresUnixMs: r.ExpiresUnixMs, State: "committed"}
+						if r.State == dedupv1.RecordState_RECORD_STATE_LEASED {
+							l.State = "leased"
+						}
+						if utf8.Valid(r.Id) {
+							l.ID = string(r.Id)
+						} else {
+							l.IDB64 = base64.StdEncoding.EncodeToString(r.Id)
+						}
+						if err := enc.Encode(&l); err != nil {
+							return err
+						}
+						n++
+					}
+				}
+			})
+			if err != nil {
+				return explain(err, f, namespace)
+			}
+			if err := bw.Flush(); err != nil {
+				return &opError{err: err}
+			}
+			if file != nil {
+				if err := file.Close(); err != nil {
+					return &opError{err: err}
+				}
+				fmt.Fprintf(e.stderr, "exported %d IDs of namespace %s to %s\n", n, nsName(namespace), out)
+			}
+			return nil
+		}),
+	}
+	f.register(cmd)
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "namespace to export (default \"default\")")
+	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (default stdout)")
+	return cmd
+}
+
+func nsName(ns string) string {
+	if ns == "" {
+		return "default"
+	}
+	return ns
+}
+
+func newImportCmd(e *env) *cobra.Command {
+	f := &clientFlags{}
+	var namespace string
+	var ttl, granularity time.Duration
+	var batch int
+	var noProgress bool
+	cmd := &cobra.Command{
+		Use:   "import --namespace NS FILE|-",
+		Short: "Bulk-load IDs (one per line, or NDJSON with per-ID TTL)",
+		Long: `Import marks every ID of FILE ('-' for stdin) in a namespace: the path for
+teams moving a Redis or SQL dedup table to dedupnode. Each line is either
+a plain ID, or a JSON object (NDJSON) with "id" (or "id_b64") and
+optionally "ttl" ("90s", "24h", "7d"), "ttl_ms", or "expires_unix_ms" (as
+'dedupnode export' writes: the TTL is then the time left; IDs already
+expired are skipped). Other lines' TTL is --ttl, else the namespace
+default. TTLs are rounded up to --ttl-granularity so IDs share requests;
+an ID never expires earlier than asked. Marks are idempotent: running an
+import twice is harmless (the second run reports duplicates).`,
+		Example: strings.ReplaceAll(`  redis-cli --scan --pattern 'processed:*' | sed 's/^processed://' | dedupnode import --namespace orders --ttl 7d -
+  dedupnode import --addr 127.0.0.1:7070 --namespace orders orders.ndjson`, "dedupnode ", e.progName+" "),
+		Args: cobra.ExactArgs(1),
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if batch < 1 {
+				return usagef("--batch must be at least 1")
+			}
+			if granularity <= 0 {
+				return usagef("--ttl-granularity must be positive")
+			}
+			var in io.Reader = e.stdin
+			var total int64 = -1
+			if args[0] != "-" {
+				file, err := os.Open(args[0])
+				if err != nil {
+					return &opError{err: err, hint: "check the file name"}
+				}
+				defer file.Close()
+				if st, err := file.Stat(); err == nil {
+					total = st.Size()
+				}
+				in = file
+			}
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, namespace)
+			}
+			defer c.Close()
+			// The namespace's max TTL bounds rounding (unknown when the
+			// namespace does not exist yet and the cluster creates it).
+			var maxTTL time.Duration
+			{
+				ctx, cancel := f.withTimeout(e.ctx)
+				if ns, err := c.DescribeNamespace(ctx, nsName(namespace)); err == nil {
+					maxTTL = ns.MaxTTL
+				}
+				cancel()
+			}
+			bar := newBar(progressOut(e, noProgress), total, "import", true)
+			defer bar.Finish()
+
+			groups := map[time.Duration][]client.Item{}
+			var stats struct{ read, new, dup, conflict, expired int }
+			flush := func(d time.Duration) error {
+				items := groups[d]
+				if len(items) == 0 {
+					return nil
+				}
+				ctx, cancel := f.withTimeout(e.ctx)
+				defer cancel()
+				res, err := c.Mark(ctx, namespace, items, d)
+				if err != nil {
+					return err
+				}
+				for _, r := range res {
+					switch r.Code {
+					case client.CodeNew:
+						stats.new++
+					case client.CodeDuplicate:
+						stats.dup++
+					case client.CodeConflict:
+						stats.conflict++
+					}
+				}
+				groups[d] = items[:0:0]
+				return nil
+			}
+			sc := bufio.NewScanner(in)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			line := 0
+			for sc.Scan() {
+				line++
+				bar.Add(len(sc.Bytes()) + 1)
+				text := strings.TrimSpace(sc.Text())
+				if text == "" {
+					continue
+				}
+				id, d, err := parseImportLine(text, ttl, time.Now())
+				if err != nil {
+					return usagef("line %d: %v", line, err)
+				}
+				d = roundTTL(d, granularity, maxTTL)
+				if id == nil {
+					stats.expired++
+					continue
+				}
+				stats.read++
+				groups[d] = append(groups[d], client.Item{ID: id})
+				if len(groups[d]) >= batch {
+					if err := flush(d); err != nil {
+						return explain(fmt.Errorf("after %d IDs: %w", stats.read, err), f, namespace)
+					}
+				}
+			}
+			if err := sc.Err(); err != nil {
+				return &opError{err: fmt.Errorf("read line %d: %w", line+1, err)}
+			}
+			for d := range groups {
+				if err := flush(d); err != nil {
+					return explain(fmt.Errorf("after %d IDs: %w", stats.read, err), f, namespace)
+				}
+			}
+			bar.Finish()
+			return report(e.stdout, f.output, map[string]any{"namespace": nsName(namespace), "ids": stats.read, "new": stats.new,
+				"duplicate": stats.dup, "conflict": stats.conflict, "skipped_expired": stats.expired},
+				"imported %d IDs into %s: %d new, %d duplicate, %d conflict; %d skipped as already expired",
+				stats.read, nsName(namespace), stats.new, stats.dup, stats.conflict, stats.expired)
+		}),
+	}
+	f.register(cmd)
+	fs := cmd.Flags()
+	fs.StringVarP(&namespace, "namespace", "n", "", "namespace to load into (default \"default\")")
+	fs.Var(durationValue{&ttl}, "ttl", "TTL of lines that give none (e.g. 24h, 7d); default: the namespace's default TTL")
+	fs.DurationVar(&granularity, "ttl-granularity", time.Minute, "round per-ID TTLs up to a multiple of this `DURATION`, so IDs with nearby expiries share a request")
+	fs.IntVar(&batch, "batch", 1000, "IDs per request")
+	fs.BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
+	return cmd
+}
+
+// parseImportLine returns the ID and TTL of one import line (0: the
+// default), or a nil ID for a record that has already expired.
+func parseImportLine(text string, defTTL time.Duration, now time.Time) ([]byte, time.Duration, error) {
+	if !strings.HasPrefix(text, "{") {
+		return []byte(text), defTTL, nil
+	}
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.DisallowUnknownFields()
+	var l exportLine
+	if err := dec.Decode(&l); err != nil {
+		return nil, 0, fmt.Errorf("NDJSON: %w", err)
+	}
+	var id []byte
+	switch {
+	case l.ID != "" && l.IDB64 != "":
+		return nil, 0, errors.New(`give "id" or "id_b64", not both`)
+	case l.ID != "":
+		id = []byte(l.ID)
+	case l.IDB64 != "":
+		b, err := base64.StdEncoding.DecodeString(l.IDB64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("id_b64: %w", err)
+		}
+		id = b
+	default:
+		return nil, 0, errors.New(`missing "id"`)
+	}
+	d := defTTL
+	switch {
+	case l.TTL != "":
+		v, err := parseDuration(l.TTL)
+		if err != nil {
+			return nil, 0, fmt.Errorf("ttl: %w", err)
+		}
+		d = v
+	case l.TTLMs > 0:
+		d = time.Duration(l.TTLMs) * time.Millisecond
+	case l.ExpiresUnixMs > 0:
+		d = time.UnixMilli(l.ExpiresUnixMs).Sub(now)
+		if d < time.Second {
+			return nil, 0, nil // expired, or too close to it to matter
+		}
+	}
+	return id, d, nil
+}
+
+// roundTTL rounds d up to a multiple of granularity, but not past maxTTL
+// (when known, > 0) unless d itself is past it.
+func roundTTL(d, granularity, maxTTL time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	r := (d + granularity - 1) / granularity * granularity
+	if maxTTL > 0 && r > maxTTL && d <= maxTTL {
+		return maxTTL
+	}
+	return r
+}

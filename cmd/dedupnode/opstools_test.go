@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// checkLines runs check for ids and returns "id\tresult" lines.
+func checkLines(t *testing.T, ctx context.Context, addrs, ns string, ids []string) []string {
+	t.Helper()
+	code, out, errb := runCLI(t, ctx, strings.Join(ids, "\n")+"\n", "check", "--addr", addrs, "--namespace", ns, "-")
+	if code != 0 {
+		t.Fatalf("check: exit %d: %s", code, errb)
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(l, "\t")
+		lines = append(lines, f[0]+"\t"+f[1])
+	}
+	return lines
+}
+
+// TestExportImportRoundTrip: export → import into a new cluster → the same
+// Check answers, through the CLI.
+func TestExportImportRoundTrip(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two clusters")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src := startDev(t, "--nodes", "1")
+	dst := startDev(t, "--nodes", "1")
+
+	var ids []string
+	for i := range 300 {
+		ids = append(ids, fmt.Sprintf("order-%03d", i))
+	}
+	if code, _, errb := runCLI(t, ctx, strings.Join(ids[:200], "\n"), "mark", "--addr", src, "--namespace", "orders", "--ttl", "2h", "-"); code != 0 {
+		t.Fatalf("mark: %s", errb)
+	}
+	if code, _, errb := runCLI(t, ctx, strings.Join(ids[200:250], "\n"), "mark", "--addr", src, "--namespace", "orders", "--ttl", "3d", "-"); code != 0 {
+		t.Fatalf("mark: %s", errb)
+	}
+	if code, _, errb := runCLI(t, ctx, "", "forget", "--addr", src, "--namespace", "orders", ids[0], ids[1], ids[2]); code != 0 {
+		t.Fatalf("forget: %s", errb)
+	}
+	want := checkLines(t, ctx, src, "orders", ids)
+
+	file := filepath.Join(t.TempDir(), "orders.ndjson")
+	code, _, errb := runCLI(t, ctx, "", "export", "--addr", src, "--namespace", "orders", "--out", file)
+	if code != 0 {
+		t.Fatalf("export: exit %d: %s", code, errb)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), "\n"); n != 247 {
+		t.Fatalf("export wrote %d lines, want 247", n)
+	}
+	if !strings.Contains(string(data), `"id":"order-100","state":"committed"`) {
+		t.Fatalf("export lines look wrong: %.300s", data)
+	}
+
+	code, out, errb := runCLI(t, ctx, "", "import", "--addr", dst, "--namespace", "orders", file)
+	if code != 0 || !strings.Contains(out, "imported 247 IDs into orders: 247 new") {
+		t.Fatalf("import: exit %d\n%s%s", code, out, errb)
+	}
+	if got := checkLines(t, ctx, dst, "orders", ids); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("answers differ after export/import:\nsource %v\ntarget %v", want, got)
+	}
+	// Expiries carry over (rounded up to the minute, never shorter).
+	code, out, _ = runCLI(t, ctx, "", "check", "--addr", dst, "--namespace", "orders", "--output", "json", ids[220])
+	if code != 0 || !strings.Contains(out, `"expires_at"`) {
+		t.Fatalf("check json: %s", out)
+	}
+	// Importing again is harmless.
+	code, out, _ = runCLI(t, ctx, "", "import", "--addr", dst, "--namespace", "orders", file)
+	if code != 0 || !strings.Contains(out, "0 new, 247 duplicate") {
+		t.Fatalf("second import: %s", out)
+	}
+
+	// Plain lines from stdin, with --ttl.
+	code, out, errb = runCLI(t, ctx, "plain-1\n  plain-2\n\n", "import", "--addr", dst, "--namespace", "plain", "--ttl", "1h", "-")
+	if code != 0 || !strings.Contains(out, "imported 2 IDs into plain: 2 new, 0 duplicate") {
+		t.Fatalf("plain import: exit %d\n%s%s", code, out, errb)
+	}
+	// A malformed line is a usage error naming the line.
+	code, _, errb = runCLI(t, ctx, "ok-1\n{\"id\": 5}\n", "import", "--addr", dst, "--namespace", "plain", "-")
+	if code != exitUsage || !strings.Contains(errb, "line 2") {
+		t.Fatalf("bad line: exit %d, stderr %q", code, errb)
+	}
+}
+
+func TestParseImportLine(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	for _, c := range []struct {
+		in     string
+		id     string
+		ttl    time.Duration
+		expire bool
+	}{
+		{"abc", "abc", time.Hour, false},
+		{`{"id":"x","ttl":"7d"}`, "x", 7 * 24 * time.Hour, false},
+		{`{"id":"x","ttl_ms":1500}`, "x", 1500 * time.Millisecond, false},
+		{`{"id_b64":"AP8=","ttl":"1m"}`, "\x00\xff", time.Minute, false},
+		{`{"id":"x","expires_unix_ms":1000060000}`, "x", time.Minute, false},
+		{`{"id":"x","expires_unix_ms":999999000}`, "", 0, true},
+		{`{"id":"x"}`, "x", time.Hour, false},
+	} {
+		id, d, err := parseImportLine(c.in, time.Hour, now)
+		if err != nil {
+			t.Errorf("%s: %v", c.in, err)
+			continue
+		}
+		if c.expire {
+			if id != nil {
+				t.Errorf("%s: expired record not skipped", c.in)
+			}
+			continue
+		}
+		if string(id) != c.id || d != c.ttl {
+			t.Errorf("%s: got %q %v, want %q %v", c.in, id, d, c.id, c.ttl)
+		}
+	}
+	for _, bad := range []string{`{"id":"x","id_b64":"eA=="}`, `{}`, `{"id":"x","extra":1}`, `{"id":"x","ttl":"soon"}`, `{"id_b64":"%%"}`} {
+		if _, _, err := parseImportLine(bad, 0, now); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+	if got := roundTTL(61*time.Second, time.Minute, 0); got != 2*time.Minute {
+		t.Errorf("roundTTL up: %v", got)
+	}
+	if got := roundTTL(23*time.Hour+59*time.Minute+30*time.Second, time.Minute, 24*time.Hour); got != 24*time.Hour {
+		t.Errorf("roundTTL to max: %v", got)
+	}
+	if got := roundTTL(24*time.Hour+30*time.Second, time.Minute, 24*time.Hour); got != 24*time.Hour+time.Minute {
+		t.Errorf("roundTTL past max keeps the asked TTL's rounding: %v", got)
+	}
+}
+
+// TestBackupRestoreCLI: backup a dev cluster to a file, restore it into a
+// new data dir, serve it, and get the same answers.
+func TestBackupRestoreCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts clusters")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	src := startDev(t, "--nodes", "1")
+	var ids []string
+	for i := range 100 {
+		ids = append(ids, fmt.Sprintf("msg-%03d", i))
+	}
+	if code, _, errb := runCLI(t, ctx, strings.Join(ids[:60], "\n"), "mark", "--addr", src, "--namespace", "events", "-"); code != 0 {
+		t.Fatalf("mark: %s", errb)
+	}
+	want := checkLines(t, ctx, src, "events", ids)
+	file := filepath.Join(t.TempDir(), "dedup.snap")
+	code, out, errb := runCLI(t, ctx, "", "backup", "--addr", src, "--out", file)
+	if code != 0 || !strings.Contains(out, "wrote "+file) {
+		t.Fatalf("backup: exit %d\n%s%s", code, out, errb)
+	}
+
+	dir := filepath.Join(t.TempDir(), "r1")
+	ports := make([]string, 2)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().String()
+		l.Close()
+	}
+	code, out, errb = runCLI(t, ctx, "", "restore", "--from", file, "--node-id", "r1", "--data-dir", dir, "--raft-addr", ports[0])
+	if code != 0 || !strings.Contains(out, "restored") {
+		t.Fatalf("restore: exit %d\n%s%s", code, out, errb)
+	}
+	if code, _, errb := runCLI(t, ctx, "", "restore", "--from", file, "--node-id", "r1", "--data-dir", dir, "--raft-addr", ports[0]); code != exitUsage {
+		t.Fatalf("restore over existing state: exit %d %s", code, errb)
+	}
+	sctx, scancel := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	serr := &syncBuffer{}
+	go func() {
+		done <- run(sctx, []string{"serve", "--node-id", "r1", "--data-dir", dir, "--raft-addr", ports[0], "--grpc-addr", ports[1], "--log-level", "error"},
+			strings.NewReader(""), &syncBuffer{}, serr)
+	}()
+	t.Cleanup(func() {
+		scancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("serve exited %d: %s", code, serr.String())
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop")
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _, _ := runCLI(t, ctx, "", "status", "--addr", ports[1], "--timeout", "2s")
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restored node not serving: %s", serr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := checkLines(t, ctx, ports[1], "events", ids); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("answers differ after backup/restore:\nsource %v\nrestored %v", want, got)
+	}
+	// A broken backup file is refused.
+	bad := filepath.Join(t.TempDir(), "bad.snap")
+	data, _ := os.ReadFile(file)
+	data[len(data)/2] ^= 1
+	os.WriteFile(bad, data, 0o600)
+	code, _, errb = runCLI(t, ctx, "", "restore", "--from", bad, "--node-id", "r9", "--data-dir", filepath.Join(t.TempDir(), "r9"), "--raft-addr", "127.0.0.1:1")
+	if code != exitError {
+		t.Fatalf("restore of a damaged file: exit %d %s", code, errb)
+	}
+	// Promote of an unknown node is an operational error.
+	code, _, errb = runCLI(t, ctx, "", "promote", "--addr", ports[1], "nobody")
+	if code != exitError || !strings.Contains(errb, "nobody") {
+		t.Fatalf("promote unknown: exit %d %q", code, errb)
+	}
+}

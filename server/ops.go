@@ -1,0 +1,304 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// opsServer implements dedupv1.OpsServer: promotion, backup, export.
+type opsServer struct {
+	dedupv1.UnimplementedOpsServer
+	s *Server
+}
+
+// Promote implements dedupv1.OpsServer. Forwarded to the leader.
+func (o *opsServer) Promote(ctx context.Context, req *dedupv1.PromoteRequest) (*dedupv1.PromoteResponse, error) {
+	if req.NodeId == "" {
+		return nil, toStatus(invalidf("node_id", "required"))
+	}
+	s := o.s
+	err := s.onLeader(ctx, func(ctx context.Context) error {
+		return s.promote(ctx, req.NodeId)
+	}, func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &dedupv1.PromoteResponse{}, nil
+}
+
+// promote makes id a voter (leader only), then proposes a command so the
+// commit index rests on an entry the FSM applies (see cluster.Node.Join).
+func (s *Server) promote(ctx context.Context, id string) error {
+	if err := s.node.WaitReady(ctx); err != nil {
+		return err
+	}
+	r := s.node.Raft()
+	cf := r.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	var srv *raft.Server
+	for _, m := range cf.Configuration().Servers {
+		if string(m.ID) == id {
+			srv = &m
+		}
+	}
+	if srv == nil {
+		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
+	}
+	if srv.Suffrage != raft.Voter {
+		if err := waitRaft(ctx, r.AddVoter(srv.ID, srv.Address, 0, 10*time.Second)); err != nil {
+			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+				return &cluster.NotLeaderError{}
+			}
+			return fmt.Errorf("promote %s: %w", id, err)
+		}
+		s.log.Info("promoted to voter", "peer", id)
+	}
+	addr := s.node.FSM().Nodes()[id]
+	if addr == "" {
+		_, err := s.node.Propose(ctx, []fsm.Op{{Kind: fsm.OpTick}})
+		return err
+	}
+	res, err := s.node.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: id, GRPCAddr: addr}}})
+	if err != nil {
+		return err
+	}
+	return res[0].Err
+}
+
+func waitRaft(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// backupChunk is the size of one Backup message.
+const backupChunk = 256 << 10
+
+// Backup implements dedupv1.OpsServer: a read barrier (every write
+// acknowledged before the call is applied here), then the FSM's snapshot
+// stream, in chunks.
+func (o *opsServer) Backup(_ *dedupv1.BackupRequest, stream grpc.ServerStreamingServer[dedupv1.BackupChunk]) error {
+	s := o.s
+	ctx := stream.Context()
+	if err := s.linearize(ctx); err != nil {
+		return toStatus(err)
+	}
+	snap, err := s.node.FSM().Snapshot()
+	if err != nil {
+		return toStatus(fmt.Errorf("take snapshot: %w", err))
+	}
+	defer snap.Release()
+	sink := &streamSink{stream: stream, buf: make([]byte, 0, backupChunk)}
+	if err := snap.Persist(sink); err != nil {
+		if sink.err != nil {
+			return sink.err // the client went away: its own status
+		}
+		return toStatus(err)
+	}
+	return nil
+}
+
+// streamSink is a raft.SnapshotSink that sends what is written as
+// BackupChunks; the first carries the snapshot's index and term (read from
+// the stream header: magic(8) | index(8, BE) | term(8, BE)).
+type streamSink struct {
+	stream grpc.ServerStreamingServer[dedupv1.BackupChunk]
+	buf    []byte
+	sent   bool
+	err    error
+}
+
+func (k *streamSink) Write(p []byte) (int, error) {
+	if k.err != nil {
+		return 0, k.err
+	}
+	n := len(p)
+	for len(p) > 0 {
+		room := cap(k.buf) - len(k.buf)
+		take := min(room, len(p))
+		k.buf = append(k.buf, p[:take]...)
+		p = p[take:]
+		if len(k.buf) == cap(k.buf) {
+			if err := k.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (k *streamSink) flush() error {
+	if len(k.buf) == 0 {
+		return nil
+	}
+	msg := &dedupv1.BackupChunk{Data: k.buf}
+	if !k.sent && len(k.buf) >= 24 {
+		msg.Index = binary.BigEndian.Uint64(k.buf[8:16])
+		msg.Term = binary.BigEndian.Uint64(k.buf[16:24])
+	}
+	if err := k.stream.Send(msg); err != nil {
+		k.err = err
+		return err
+	}
+	k.sent = true
+	k.buf = make([]byte, 0, backupChunk)
+	return nil
+}
+
+func (k *streamSink) Close() error  { return k.flush() }
+func (k *streamSink) ID() string    { return "backup" }
+func (k *streamSink) Cancel() error { return nil }
+
+// exportBatch is how many records one ExportChunk carries.
+const exportBatch = 1000
+
+// Export implements dedupv1.OpsServer: a read barrier, then the live
+// records of one namespace. It walks a snapshot stream of the FSM (the
+// format in fsm/snapshot.go: header, then uvarint-length-prefixed keys and
+// values) for the namespace's record keys and answers each batch of IDs
+// through FSM.Check, so only live records go out, with their current
+// state. A record is sent from the expiry bucket it currently lives in, so
+// an ID whose expiry moved (sliding mode) is sent once.
+func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreamingServer[dedupv1.ExportChunk]) error {
+	s := o.s
+	ctx := stream.Context()
+	name := req.Namespace
+	if name == "" {
+		name = fsm.DefaultNamespace
+	}
+	if err := s.linearize(ctx); err != nil {
+		return toStatus(err)
+	}
+	f := s.node.FSM()
+	ns, ok := f.Namespace(name)
+	if !ok {
+		return toStatus(fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound))
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		return toStatus(fmt.Errorf("take snapshot: %w", err))
+	}
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer snap.Release()
+		pw.CloseWithError(snap.Persist(&pipeSink{pw}))
+	}()
+	defer func() {
+		pr.CloseWithError(errors.New("export ended"))
+		<-done
+	}()
+
+	var ids [][]byte
+	var buckets []uint64
+	send := func() error {
+		if len(ids) == 0 {
+			return nil
+		}
+		now := max(time.Now().UnixMilli(), f.LastTimestamp())
+		res, err := f.Check(name, ids, now)
+		if err != nil {
+			return toStatus(err)
+		}
+		out := &dedupv1.ExportChunk{}
+		for i, r := range res {
+			if r.Code != fsm.CodeSeen || ns.BucketWidthMs <= 0 || uint64(r.Record.ExpiresMs/ns.BucketWidthMs) != buckets[i] {
+				continue
+			}
+			out.Records = append(out.Records, &dedupv1.ExportedRecord{
+				Id:              ids[i],
+				State:           dedupv1.RecordState(r.Record.State),
+				FirstSeenUnixMs: r.Record.FirstSeenMs,
+				ExpiresUnixMs:   r.Record.ExpiresMs,
+			})
+		}
+		ids, buckets = ids[:0:0], buckets[:0:0]
+		if len(out.Records) == 0 {
+			return nil
+		}
+		return stream.Send(out)
+	}
+	err = walkSnapshot(bufio.NewReaderSize(pr, 1<<20), func(key []byte) error {
+		nsID, bucket, id, ok := storage.ParseRecordKey(key)
+		if !ok || nsID != ns.ID {
+			return nil
+		}
+		ids = append(ids, append([]byte(nil), id...))
+		buckets = append(buckets, bucket)
+		if len(ids) >= exportBatch {
+			return send()
+		}
+		return nil
+	})
+	if err != nil {
+		return toStatus(fmt.Errorf("export %s: %w", name, err))
+	}
+	return send()
+}
+
+type pipeSink struct{ *io.PipeWriter }
+
+func (p *pipeSink) ID() string    { return "export" }
+func (p *pipeSink) Cancel() error { return nil }
+func (p *pipeSink) Close() error  { return nil } // closed by the caller with Persist's error
+
+// walkSnapshot calls fn with every key of an FSM snapshot stream (values
+// are skipped). The trailing count and checksum are not verified: the
+// stream comes straight from this node's own Pebble snapshot.
+func walkSnapshot(r *bufio.Reader, fn func(key []byte) error) error {
+	var hdr [24]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return fmt.Errorf("snapshot header: %w", err)
+	}
+	var key []byte
+	for {
+		kl, err := binary.ReadUvarint(r)
+		if err != nil {
+			return fmt.Errorf("snapshot entry: %w", err)
+		}
+		if kl == 0 {
+			return nil
+		}
+		if uint64(cap(key)) < kl {
+			key = make([]byte, kl)
+		}
+		key = key[:kl]
+		if _, err := io.ReadFull(r, key); err != nil {
+			return fmt.Errorf("snapshot key: %w", err)
+		}
+		vl, err := binary.ReadUvarint(r)
+		if err != nil {
+			return fmt.Errorf("snapshot value: %w", err)
+		}
+		if _, err := r.Discard(int(vl)); err != nil {
+			return fmt.Errorf("snapshot value: %w", err)
+		}
+		if err := fn(key); err != nil {
+			return err
+		}
+	}
+}
