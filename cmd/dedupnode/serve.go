@@ -50,6 +50,7 @@ type serveFlags struct {
 	tlsClientCA   string
 	authFile      string
 	adminAddr     string
+	configFile    string
 
 	// reload re-reads certificates and the token file (SIGHUP); set by
 	// config when there is anything to reload.
@@ -87,8 +88,17 @@ Observability: --admin-addr serves Prometheus metrics at /metrics, a status
 page at / and /healthz.
 
 Every flag can also be set in the environment as DEDUPNODE_<FLAG>, upper
-case with '-' as '_' (DEDUPNODE_NODE_ID, DEDUPNODE_PEERS, ...); flags on the
-command line take precedence.`
+case with '-' as '_' (DEDUPNODE_NODE_ID, DEDUPNODE_PEERS, ...), or in a YAML
+file given with --config (or DEDUPNODE_CONFIG) whose keys are the flag
+names:
+
+  node-id: n1
+  data-dir: /var/lib/dedupnode
+  peers: [n1=10.0.0.1:7000=10.0.0.1:7070, n2=10.0.0.2:7000=10.0.0.2:7070]
+  admin-addr: 127.0.0.1:9090
+
+Precedence, highest first: command line, environment, config file,
+defaults. An unknown key in the file is an error that names it.`
 
 const serveExample = `  # a three-node cluster on one machine, one terminal per node
   dedupnode serve --node-id n1 --data-dir data/n1 --raft-addr 127.0.0.1:7000 --grpc-addr 127.0.0.1:7070 \
@@ -108,8 +118,13 @@ func newServeCmd(e *env) *cobra.Command {
 		Example: strings.ReplaceAll(serveExample, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd.Flags(), serveFlagNames...); err != nil {
+			if err := applyEnv(cmd.Flags(), append(serveFlagNames, "config")...); err != nil {
 				return err
+			}
+			if f.configFile != "" {
+				if err := applyConfigFile(cmd.Flags(), f.configFile, serveFlagNames); err != nil {
+					return err
+				}
 			}
 			cfg, logger, err := f.config(e.stderr)
 			if err != nil {
@@ -137,6 +152,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "cluster CA `FILE` (PEM): verifies other nodes on Raft (mutual TLS) and gRPC")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA `FILE` (PEM) that must have signed every gRPC client's certificate: turns on mutual TLS for clients (must also accept the node certificates, e.g. the cluster CA)")
 	fs.StringVar(&f.authFile, "auth-file", "", "JSON token `FILE` mapping tokens to namespaces and rights (read, write, admin, node); every call then needs a token; reread on SIGHUP")
+	fs.StringVar(&f.configFile, "config", "", "YAML `FILE` whose keys are these flags' names (node-id: n1, peers: [...], tls-cert: ...); the command line and DEDUPNODE_* variables take precedence over it; an unknown key is an error")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
 	return cmd
 }
