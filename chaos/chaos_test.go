@@ -84,6 +84,9 @@ func testConfig(t *testing.T, binary string, d time.Duration, faults ...string) 
 		ViolationFile: filepath.Join(dir, "violation.json"),
 		HistoryFile:   filepath.Join(dir, "history.json"),
 		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		// Run closes the cluster itself; this also covers a test that
+		// stops half-way.
+		Started: func(c Cluster) { t.Cleanup(func() { _ = c.Close(context.Background()) }) },
 	}
 }
 

@@ -5,6 +5,8 @@
 #   scripts/cluster-up.sh             # 3 nodes, clients on 127.0.0.1:7070-7072
 #   scripts/cluster-up.sh --nodes 5   # 5 nodes, 127.0.0.1:7070-7074
 #   scripts/cluster-up.sh --no-build  # reuse dist/dedupnode and the image
+#   scripts/cluster-up.sh --build-only  # build dist/dedupnode and the image, start nothing
+#                                       # (then: dist/dedupnode chaos --mode docker)
 #
 # Environment: DEDUPNODE_PROJECT (compose project, default dedupnode),
 # DEDUPNODE_IMAGE (default dedupnode:local), DEDUPNODE_NET (first three
@@ -14,12 +16,14 @@ cd "$(dirname "$0")/.."
 
 nodes=3
 build=1
+start=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --nodes) nodes="$2"; shift 2 ;;
     --nodes=*) nodes="${1#*=}"; shift ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --build-only) start=0; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "cluster-up.sh: unknown argument $1; see --help" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +51,10 @@ if [[ "$build" == 1 ]]; then
   CGO_ENABLED=0 go build -trimpath -o dist/dedupnode ./cmd/dedupnode
   echo "building image $image FROM scratch"
   docker build -q -t "$image" -f Dockerfile dist >/dev/null
+fi
+if [[ "$start" == 0 ]]; then
+  echo "built dist/dedupnode and image $image"
+  exit 0
 fi
 
 "${compose[@]}" -p "$project" "${files[@]}" up -d
