@@ -39,8 +39,9 @@ type Config struct {
 	// Nodes is the size of the local cluster (default 3).
 	Nodes int
 	// KillLeaderEvery, when positive, kills the leader node abruptly (no
-	// leadership transfer) and restarts it, again and again at this
-	// interval while the consumers run. Needs the local cluster.
+	// leadership transfer) and restarts it, again and again while the
+	// consumers run: each leader leads for this long (counted from when
+	// the cluster is stable again), then dies. Needs the local cluster.
 	KillLeaderEvery time.Duration
 	// Dir holds the cluster's, NATS's and the ledger's data (default: a
 	// temporary folder removed at the end).
@@ -674,16 +675,20 @@ func (r *demoRun) observe(msg jetstream.Msg, res natsdedup.Result, crashed bool)
 	}
 }
 
-// killLeaders kills the leader abruptly and restarts it, every
-// KillLeaderEvery, until ctx ends.
+// killLeaders lets each leader lead for KillLeaderEvery, then kills it
+// abruptly and restarts it, until ctx ends. The interval counts from the
+// moment the cluster is stable again (a ready leader known to every node),
+// so the cluster serves between kills however long elections and restarts
+// take.
 func (r *demoRun) killLeaders(ctx context.Context) {
-	t := time.NewTicker(r.cfg.KillLeaderEvery)
-	defer t.Stop()
 	for {
+		if _, err := r.cl.WaitLeader(ctx); err != nil {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(r.cfg.KillLeaderEvery):
 		}
 		i, err := r.cl.KillLeader(ctx)
 		if err != nil {

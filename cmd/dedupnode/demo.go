@@ -36,7 +36,8 @@ it catches the re-run after a crash between an effect and its commit, which
 no dedup store can prevent alone). Exit 0 only if every check holds.
 
 --kill-leader-every kills the leader node abruptly (no leadership transfer)
-and restarts it, again and again, while the consumers run.`
+and restarts it, again and again while the consumers run: each new leader
+leads for that long once the cluster is stable again, then dies.`
 
 func newDemoCmd(e *env) *cobra.Command {
 	cfg := demo.DefaultConfig()
@@ -118,7 +119,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.IntVar(&cfg.Messages, "messages", 100_000, "unique events to publish (`N`)")
 	fs.IntVar(&cfg.Consumers, "consumers", 4, "consumer processes, each with its own NATS connection and dedupnode client")
 	fs.IntVar(&cfg.Workers, "workers", 64, "messages each consumer handles at once")
-	fs.DurationVar(&cfg.KillLeaderEvery, "kill-leader-every", 0, "kill the leader node abruptly and restart it every `DURATION` while consumers run (e.g. 5s; 0 = never)")
+	fs.DurationVar(&cfg.KillLeaderEvery, "kill-leader-every", 0, "kill the leader node abruptly and restart it, again and again while consumers run: each leader leads for `DURATION` (e.g. 5s; 0 = never)")
 	fs.StringSliceVar(&addrs, "addr", nil, "use the running cluster at `HOST:PORT`[,...] instead of starting one (its namespaces need not auto-create: the demo creates its own)")
 	fs.Float64Var(&cfg.RetryRate, "retry-rate", cfg.RetryRate, "share of events the producer publishes again 1-3 s later")
 	fs.Float64Var(&cfg.ReplayRate, "replay-rate", cfg.ReplayRate, "size of the older range replayed, as a share of --messages")

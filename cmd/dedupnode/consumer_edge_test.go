@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/demo"
+)
+
+// edgeBuffer is a goroutine-safe output buffer.
+type edgeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *edgeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *edgeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// `dedupnode demo --output json` runs end to end on its own in-process
+// cluster and embedded NATS, prints one JSON object and exits 0 when ok.
+func TestDemoCommandJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr edgeBuffer
+	code := run(ctx, []string{"demo", "--messages", "1500", "--consumers", "2", "--workers", "8",
+		"--lease", "2s", "--ack-wait", "1s", "--crash-rate", "0.002", "--stall-rate", "0.002",
+		"--output", "json", "--data-dir", t.TempDir()}, strings.NewReader(""), &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+	}
+	var sum map[string]any
+	if err := json.Unmarshal([]byte(stdout.String()), &sum); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout.String())
+	}
+	for _, k := range []string{"unique_ids", "deliveries", "effects_applied", "duplicates_suppressed", "ok"} {
+		if _, ok := sum[k]; !ok {
+			t.Fatalf("summary lacks %q: %s", k, stdout.String())
+		}
+	}
+	if sum["ok"] != true || sum["unique_ids"] != float64(1500) || sum["effects_applied"] != float64(1500) {
+		t.Fatalf("summary: %s", stdout.String())
+	}
+}
+
+func TestDemoAndWebhookUsageErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"demo", "--output", "yaml"},
+		{"demo", "--messages", "0"},
+		{"demo", "--addr", "127.0.0.1:1", "--kill-leader-every", "5s"},
+		{"demo", "--crash-rate", "2"},
+		{"webhook-proxy", "--id-header", "Webhook-Id"},
+		{"webhook-proxy", "--upstream", "ftp://x", "--id-header", "Webhook-Id"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--id-content"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9"},
+	} {
+		var stdout, stderr edgeBuffer
+		if code := run(ctx, args, strings.NewReader(""), &stdout, &stderr); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", args, code, exitUsage, stderr.String())
+		}
+		if s := stderr.String(); strings.Count(strings.TrimSpace(s), "\n") != 0 {
+			t.Errorf("%v: stderr not one line: %q", args, s)
+		}
+	}
+}
+
+// `dedupnode webhook-proxy` in front of a real upstream, against a real
+// cluster: first delivery forwarded, repeats answered as duplicates, Ctrl-C
+// (context cancel) stops it with exit 0.
+func TestWebhookProxyCommand(t *testing.T) {
+	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer ccancel()
+	cl, err := demo.StartCluster(cctx, demo.ClusterConfig{Dir: t.TempDir(), NoAutoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cl.Close(ctx)
+	})
+	var mu sync.Mutex
+	hits := 0
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits++
+		mu.Unlock()
+		if r.URL.Path != "/hooks/stripe" {
+			http.Error(w, "wrong path "+r.URL.Path, http.StatusNotFound)
+			return
+		}
+		io.WriteString(w, "thanks")
+	}))
+	t.Cleanup(up.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr edgeBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"webhook-proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL + "/hooks",
+			"--id-json-field", "id", "--namespace", "stripe-events", "--addr", strings.Join(cl.Addrs(), ",")},
+			strings.NewReader(""), &stdout, &stderr)
+	}()
+	re := regexp.MustCompile(`listening on (http://\S+),`)
+	var base string
+	deadline := time.Now().Add(30 * time.Second)
+	for base == "" {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("webhook-proxy exited %d: %s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("webhook-proxy did not start: %s %s", stdout.String(), stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	post := func() (int, string) {
+		resp, err := http.Post(base+"/stripe", "application/json", strings.NewReader(`{"id":"evt_1","type":"charge.succeeded"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Dedupnode-Status")
+	}
+	if code, st := post(); code != http.StatusOK || st != "processed" {
+		t.Fatalf("first delivery: %d %s", code, st)
+	}
+	if code, st := post(); code != http.StatusOK || st != "duplicate" {
+		t.Fatalf("second delivery: %d %s", code, st)
+	}
+	mu.Lock()
+	if hits != 1 {
+		t.Fatalf("upstream hit %d times, want 1", hits)
+	}
+	mu.Unlock()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("exit %d after cancel: %s", code, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("webhook-proxy did not stop")
+	}
+}

@@ -1,0 +1,88 @@
+package demo
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// smallConfig is a demo that exercises every path (producer retries, the
+// replay, crashes, stalls) in a few seconds: short AckWait and lease, high
+// crash and stall rates.
+func smallConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.Messages = 3000
+	cfg.Consumers = 3
+	cfg.Workers = 16
+	cfg.CrashRate = 0.003
+	cfg.StallRate = 0.005
+	cfg.AckWait = time.Second
+	cfg.Lease = 3 * time.Second
+	cfg.Seed = 42
+	cfg.Timeout = 3 * time.Minute
+	cfg.Dir = t.TempDir()
+	return cfg
+}
+
+func requireOK(t *testing.T, s Summary) {
+	t.Helper()
+	for _, c := range s.Checks {
+		if !c.OK {
+			t.Errorf("check %q failed: %s", c.Name, c.Detail)
+		}
+	}
+	if !s.OK || len(s.Checks) != 3 {
+		t.Fatalf("summary not ok: %+v", s)
+	}
+	if s.EffectsApplied != int64(s.UniqueIDs) || s.LedgerTotal != s.ExpectedTotal {
+		t.Fatalf("effects %d for %d IDs, total %d of %d", s.EffectsApplied, s.UniqueIDs, s.LedgerTotal, s.ExpectedTotal)
+	}
+}
+
+// Every unique event takes effect exactly once although JetStream delivers
+// duplicates (producer retries, a replay) and redelivers after crashes and
+// stalls.
+func TestDemoEveryEventTakesEffectOnce(t *testing.T) {
+	s, err := Run(context.Background(), smallConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOK(t, s)
+	if s.UniqueIDs != 3000 || s.Replayed != 150 || s.Published != 3000+s.ProducerRetries+150 || s.ProducerRetries == 0 {
+		t.Fatalf("plan: %+v", s)
+	}
+	// Duplicates really reached the consumers and were suppressed; the
+	// broker really redelivered.
+	if s.DuplicatesSuppressed < int64(s.ProducerRetries+s.Replayed) || s.Redeliveries == 0 || s.Deliveries <= int64(s.Published) {
+		t.Fatalf("duplicates %d (want >= %d), redeliveries %d, deliveries %d of %d published",
+			s.DuplicatesSuppressed, s.ProducerRetries+s.Replayed, s.Redeliveries, s.Deliveries, s.Published)
+	}
+	if s.ConsumerCrashes == 0 || s.ConsumerStalls == 0 {
+		t.Fatalf("no crash (%d) or no stall (%d) happened", s.ConsumerCrashes, s.ConsumerStalls)
+	}
+	t.Logf("%+v", s)
+}
+
+// The same with the leader killed abruptly and restarted again and again.
+func TestDemoSurvivesLeaderKills(t *testing.T) {
+	cfg := smallConfig(t)
+	cfg.KillLeaderEvery = 700 * time.Millisecond
+	s, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOK(t, s)
+	if s.LeaderKills == 0 {
+		t.Fatal("no leader was killed")
+	}
+	t.Logf("%d leader kills, %+v", s.LeaderKills, s)
+}
+
+func TestDemoRefusesToKillNodesItDoesNotOwn(t *testing.T) {
+	cfg := smallConfig(t)
+	cfg.Addrs = []string{"127.0.0.1:1"}
+	cfg.KillLeaderEvery = time.Second
+	if _, err := Run(context.Background(), cfg); err == nil {
+		t.Fatal("Run accepted --kill-leader-every with an external cluster")
+	}
+}
