@@ -15,6 +15,7 @@ package bloom
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -58,13 +59,43 @@ type chain struct {
 	segs []segment
 }
 
+// n is the number of IDs added to the chain.
+func (c *chain) n() uint {
+	var n uint
+	for i := range c.segs {
+		n += c.segs[i].n
+	}
+	return n
+}
+
+// mayContain tests every segment with locations computed once.
+func (c *chain) mayContain(locs []uint64) bool {
+	for i := range c.segs {
+		f := c.segs[i].f
+		if f.TestLocations(locs[:f.K()]) {
+			return true
+		}
+	}
+	return false
+}
+
+// bucketChain is one entry of a namespace's chain index.
+type bucketChain struct {
+	bucket uint64
+	c      *chain
+}
+
 // Filters is the set of filter chains of one node.
 type Filters struct {
 	cfg Config
 
 	mu     sync.RWMutex
 	chains map[Key]*chain
-	ready  bool
+	// byNS lists each namespace's chains by ascending bucket, so a lookup
+	// walks a namespace's buckets without a map access per bucket.
+	byNS  map[uint32][]bucketChain
+	maxK  uint // largest K of any segment: how many locations a Probe needs
+	ready bool
 
 	maybe  atomic.Uint64 // lookups answered "maybe" where the ID was absent or present
 	falseP atomic.Uint64 // "maybe" answers that storage then found absent
@@ -73,7 +104,7 @@ type Filters struct {
 
 // New returns an empty, not-ready set of filters (see SetReady).
 func New(cfg Config) *Filters {
-	return &Filters{cfg: cfg.withDefaults(), chains: make(map[Key]*chain)}
+	return &Filters{cfg: cfg.withDefaults(), chains: make(map[Key]*chain), byNS: make(map[uint32][]bucketChain)}
 }
 
 // Config returns the effective configuration.
@@ -84,6 +115,7 @@ func (f *Filters) Config() Config { return f.cfg }
 func (f *Filters) Reset() {
 	f.mu.Lock()
 	f.chains = make(map[Key]*chain)
+	f.byNS = make(map[uint32][]bucketChain)
 	f.ready = false
 	f.mu.Unlock()
 }
@@ -108,40 +140,125 @@ func HashKey(dst []byte, nsID uint32, id []byte) []byte {
 	return append(dst, id...)
 }
 
+// Probe is one ID's filter locations (bits-and-blooms Locations), hashed
+// once and then tested against, or added to, any number of filters: a
+// lookup probes every live bucket of a namespace, so hashing per filter
+// would cost O(buckets) hashes per ID. The zero Probe is empty; Reset fills
+// it. A Probe is not safe for concurrent use.
+type Probe struct {
+	data []byte
+	locs []uint64
+}
+
+// Reset makes p the probe of data (from HashKey). p keeps a reference to
+// data until the next Reset.
+func (p *Probe) Reset(data []byte) {
+	p.data = data
+	p.locs = p.locs[:0]
+}
+
+// locations returns at least k locations, hashing on first use.
+func (p *Probe) locations(k uint) []uint64 {
+	if uint(len(p.locs)) < k {
+		// Locations(data, k)[i] is the i-th location of every filter
+		// with K >= i (before the modulo by its size), so one set
+		// serves filters of any K up to k.
+		p.locs = bbloom.Locations(p.data, max(k, 8))
+	}
+	return p.locs
+}
+
 // Add records data (from HashKey) in the chain of k, creating it if needed.
 func (f *Filters) Add(k Key, data []byte) {
+	var p Probe
+	p.Reset(data)
+	f.AddProbe(k, &p)
+}
+
+// AddProbe is Add with a Probe.
+func (f *Filters) AddProbe(k Key, p *Probe) {
 	f.mu.Lock()
-	f.addLocked(k, data)
+	f.addLocked(k, p, 0)
 	f.mu.Unlock()
 }
 
 // AddIfLive is Add for rebuilds: it only adds if live(k) holds under the
 // lock, so a rebuild racing with bucket drops leaves no dead chains.
-func (f *Filters) AddIfLive(k Key, data []byte, live func(Key) bool) {
+// sizeHint, when larger than ExpectedPerBucket, sizes the first filter of
+// a chain created now (the rebuild knows each bucket's record count).
+func (f *Filters) AddIfLive(k Key, data []byte, sizeHint uint, live func(Key) bool) {
+	var p Probe
+	p.Reset(data)
 	f.mu.Lock()
 	if live(k) {
-		f.addLocked(k, data)
+		f.addLocked(k, &p, sizeHint)
 	}
 	f.mu.Unlock()
 }
 
-func (f *Filters) addLocked(k Key, data []byte) {
+func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 	c := f.chains[k]
 	if c == nil {
 		c = &chain{}
 		f.chains[k] = c
+		f.indexLocked(k, c)
+		if sizeHint == 0 {
+			sizeHint = f.newestLocked(k.Namespace, k.Bucket)
+		}
 	}
 	if len(c.segs) == 0 || c.segs[len(c.segs)-1].n >= c.segs[len(c.segs)-1].limit {
 		i := len(c.segs)
-		// Segment i holds ExpectedPerBucket * 2^i IDs at rate FPRate/2^(i+1):
-		// the rates sum to less than FPRate.
-		n := f.cfg.ExpectedPerBucket << min(i, 20)
+		// Segment i holds twice segment i-1's IDs at rate FPRate/2^(i+1):
+		// the rates sum to less than FPRate. Segment 0 holds
+		// ExpectedPerBucket IDs, or as many as the hint (the newest other
+		// bucket of the namespace; the bucket's count in a rebuild), so a
+		// steady load gets one right-sized filter per bucket and a lookup
+		// tests one filter per bucket, not one per doubling.
+		var n uint
+		if i == 0 {
+			n = max(f.cfg.ExpectedPerBucket, min(sizeHint, 1<<32))
+		} else {
+			n = c.segs[i-1].limit * 2
+		}
 		p := f.cfg.FPRate / math.Pow(2, float64(i+1))
-		c.segs = append(c.segs, segment{f: bbloom.NewWithEstimates(n, p), limit: n})
+		bf := bbloom.NewWithEstimates(n, p)
+		f.maxK = max(f.maxK, bf.K())
+		c.segs = append(c.segs, segment{f: bf, limit: n})
 	}
 	s := &c.segs[len(c.segs)-1]
-	s.f.Add(data)
+	m := uint64(s.f.Cap())
+	bs := s.f.BitSet()
+	for _, l := range p.locations(s.f.K())[:s.f.K()] {
+		bs.Set(uint(l % m)) // as BloomFilter.Add does
+	}
 	s.n++
+}
+
+// indexLocked inserts a new chain into its namespace's index.
+func (f *Filters) indexLocked(k Key, c *chain) {
+	bcs := f.byNS[k.Namespace]
+	i, _ := slices.BinarySearchFunc(bcs, k.Bucket, func(e bucketChain, b uint64) int {
+		switch {
+		case e.bucket < b:
+			return -1
+		case e.bucket > b:
+			return 1
+		}
+		return 0
+	})
+	f.byNS[k.Namespace] = slices.Insert(bcs, i, bucketChain{k.Bucket, c})
+}
+
+// newestLocked returns how many IDs the newest chain of nsID other than
+// bucket holds (0 if none).
+func (f *Filters) newestLocked(nsID uint32, bucket uint64) uint {
+	bcs := f.byNS[nsID]
+	for i := len(bcs) - 1; i >= 0; i-- {
+		if bcs[i].bucket != bucket {
+			return bcs[i].c.n()
+		}
+	}
+	return 0
 }
 
 // MayContain reports whether data may be in the chain of k. false means
@@ -161,21 +278,63 @@ func (f *Filters) MayContain(k Key, data []byte) bool {
 	return false
 }
 
+// MayContainProbe is MayContain with a Probe.
+func (f *Filters) MayContainProbe(k Key, p *Probe) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	c := f.chains[k]
+	if c == nil {
+		return false
+	}
+	return c.mayContain(p.locations(f.maxK))
+}
+
+// Candidates appends to dst, newest first, every bucket of namespace nsID
+// whose chain may contain the probed ID, and reports whether the filters
+// are ready. When not ready the answer must not be trusted (dst is returned
+// unchanged): callers probe every live bucket instead. One lock and one
+// hash per call, whatever the number of buckets.
+func (f *Filters) Candidates(nsID uint32, p *Probe, dst []uint64) ([]uint64, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if !f.ready {
+		return dst, false
+	}
+	bcs := f.byNS[nsID]
+	if len(bcs) == 0 {
+		return dst, true
+	}
+	locs := p.locations(f.maxK)
+	for i := len(bcs) - 1; i >= 0; i-- {
+		if bcs[i].c.mayContain(locs) {
+			dst = append(dst, bcs[i].bucket)
+		}
+	}
+	return dst, true
+}
+
 // Drop forgets the chain of k (its bucket expired or was deleted).
 func (f *Filters) Drop(k Key) {
 	f.mu.Lock()
-	delete(f.chains, k)
+	if _, ok := f.chains[k]; ok {
+		delete(f.chains, k)
+		bcs := slices.DeleteFunc(f.byNS[k.Namespace], func(e bucketChain) bool { return e.bucket == k.Bucket })
+		if len(bcs) == 0 {
+			delete(f.byNS, k.Namespace)
+		} else {
+			f.byNS[k.Namespace] = bcs
+		}
+	}
 	f.mu.Unlock()
 }
 
 // DropNamespace forgets every chain of a namespace.
 func (f *Filters) DropNamespace(nsID uint32) {
 	f.mu.Lock()
-	for k := range f.chains {
-		if k.Namespace == nsID {
-			delete(f.chains, k)
-		}
+	for _, e := range f.byNS[nsID] {
+		delete(f.chains, Key{Namespace: nsID, Bucket: e.bucket})
 	}
+	delete(f.byNS, nsID)
 	f.mu.Unlock()
 }
 

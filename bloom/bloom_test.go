@@ -2,9 +2,12 @@ package bloom
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
+
+	bbloom "github.com/bits-and-blooms/bloom/v3"
 )
 
 func TestChainKeepsFalsePositiveRateUnderTarget(t *testing.T) {
@@ -97,5 +100,144 @@ func TestSaveLoadRoundTripAndCorruptionRejected(t *testing.T) {
 	other := New(Config{ExpectedPerBucket: 200})
 	if _, err := other.Load(bytes.NewReader(buf.Bytes())); !errors.Is(err, ErrBadFilterFile) {
 		t.Fatalf("parameter mismatch accepted: %v", err)
+	}
+}
+
+// The probe path must set exactly the bits bits-and-blooms' own Add sets
+// and answer exactly as its Test: saved files and rebuilt filters stay
+// interchangeable.
+func TestProbeMatchesLibraryAddAndTest(t *testing.T) {
+	f := New(Config{ExpectedPerBucket: 1000, FPRate: 0.01})
+	k := Key{Namespace: 3, Bucket: 9}
+	for i := range 5000 { // grows the chain: segments with different K
+		f.Add(k, HashKey(nil, 3, fmt.Appendf(nil, "in-%d", i)))
+	}
+	c := f.chains[k]
+	if len(c.segs) < 2 {
+		t.Fatalf("want a grown chain, have %d segments", len(c.segs))
+	}
+	for si, s := range c.segs {
+		ref := bbloom.New(s.f.Cap(), s.f.K())
+		start := 0
+		for j := 0; j < si; j++ {
+			start += int(c.segs[j].n)
+		}
+		for i := start; i < start+int(s.n); i++ {
+			ref.Add(HashKey(nil, 3, fmt.Appendf(nil, "in-%d", i)))
+		}
+		if !ref.Equal(s.f) {
+			t.Fatalf("segment %d: bits differ from bits-and-blooms Add", si)
+		}
+	}
+	for i := range 20000 {
+		data := HashKey(nil, 3, fmt.Appendf(nil, "probe-%d", i))
+		want := false
+		for _, s := range c.segs {
+			want = want || s.f.Test(data)
+		}
+		var p Probe
+		p.Reset(data)
+		cands, ready := f.Candidates(3, &p, nil)
+		if !ready && i == 0 {
+			f.SetReady(true)
+			cands, _ = f.Candidates(3, &p, nil)
+		}
+		if got := len(cands) == 1; got != want || f.MayContain(k, data) != want {
+			t.Fatalf("id %d: probe says %v, library Test says %v", i, got, want)
+		}
+	}
+}
+
+func TestCandidatesNewestFirstAndReadiness(t *testing.T) {
+	f := New(Config{})
+	id := HashKey(nil, 1, []byte("x"))
+	for _, b := range []uint64{5, 2, 9} {
+		f.Add(Key{1, b}, id)
+	}
+	f.Add(Key{1, 7}, HashKey(nil, 1, []byte("y")))
+	f.Add(Key{2, 4}, HashKey(nil, 2, []byte("x")))
+	var p Probe
+	p.Reset(id)
+	if _, ready := f.Candidates(1, &p, nil); ready {
+		t.Fatal("not-ready filters must say so")
+	}
+	f.SetReady(true)
+	got, _ := f.Candidates(1, &p, nil)
+	if fmt.Sprint(got) != "[9 5 2]" {
+		t.Fatalf("candidates %v, want [9 5 2]", got)
+	}
+	f.Drop(Key{1, 5})
+	f.DropNamespace(2)
+	got, _ = f.Candidates(1, &p, nil)
+	if fmt.Sprint(got) != "[9 2]" {
+		t.Fatalf("after drop: candidates %v, want [9 2]", got)
+	}
+}
+
+// A new bucket's first filter is sized like the namespace's newest bucket,
+// so a steady load tests one filter per bucket.
+func TestNewChainSizedLikeNewestBucket(t *testing.T) {
+	f := New(Config{ExpectedPerBucket: 100})
+	for i := range 1000 {
+		f.Add(Key{1, 1}, HashKey(nil, 1, fmt.Appendf(nil, "a-%d", i)))
+	}
+	if n := len(f.chains[Key{1, 1}].segs); n < 3 {
+		t.Fatalf("first bucket: %d segments, want a grown chain", n)
+	}
+	for i := range 1000 {
+		f.Add(Key{1, 2}, HashKey(nil, 1, fmt.Appendf(nil, "b-%d", i)))
+	}
+	if n := len(f.chains[Key{1, 2}].segs); n != 1 {
+		t.Fatalf("second bucket: %d segments, want 1", n)
+	}
+	f.AddIfLive(Key{1, 3}, HashKey(nil, 1, []byte("c")), 5000, func(Key) bool { return true })
+	if l := f.chains[Key{1, 3}].segs[0].limit; l != 5000 {
+		t.Fatalf("rebuild size hint: first segment holds %d, want 5000", l)
+	}
+}
+
+// BenchmarkLookup24Buckets is one lookup of an absent ID across 24 live
+// buckets of 100 000 IDs each (a day of 1-hour buckets).
+func BenchmarkLookup24Buckets(b *testing.B) {
+	f := New(Config{})
+	id := make([]byte, 16)
+	for bk := range uint64(24) {
+		for i := range 100_000 {
+			binary.BigEndian.PutUint64(id, bk)
+			binary.BigEndian.PutUint64(id[8:], uint64(i))
+			f.Add(Key{1, bk}, HashKey(nil, 1, id))
+		}
+	}
+	f.SetReady(true)
+	var p Probe
+	var dst []uint64
+	var hk []byte
+	b.Run("Candidates", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			binary.BigEndian.PutUint64(id, 1<<40+uint64(i))
+			hk = HashKey(hk[:0], 1, id)
+			p.Reset(hk)
+			dst, _ = f.Candidates(1, &p, dst[:0])
+		}
+	})
+	b.Run("MayContainPerBucket", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			binary.BigEndian.PutUint64(id, 1<<40+uint64(i))
+			hk = HashKey(hk[:0], 1, id)
+			for bk := range uint64(24) {
+				f.MayContain(Key{1, bk}, hk)
+			}
+		}
+	})
+}
+
+func BenchmarkHashKey(b *testing.B) {
+	id := []byte("0123456789abcdef")
+	var dst []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = HashKey(dst[:0], 7, id)
 	}
 }

@@ -125,7 +125,15 @@ func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
 		return 0, fmt.Errorf("%w: %d trailing bytes", ErrBadFilterFile, rd.Len())
 	}
 	f.mu.Lock()
-	f.chains = chains
+	f.chains = make(map[Key]*chain, len(chains))
+	f.byNS = make(map[uint32][]bucketChain)
+	for k, c := range chains {
+		f.chains[k] = c
+		f.indexLocked(k, c)
+		for _, s := range c.segs {
+			f.maxK = max(f.maxK, s.f.K())
+		}
+	}
 	f.ready = true
 	f.mu.Unlock()
 	return appliedIndex, nil

@@ -29,8 +29,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	if f.closed {
 		panic("fsm: apply after Close")
 	}
-	a := applier{f: f, b: f.db.NewBatch(), ov: make(map[string]ovEntry), dirty: make(map[bloom.Key]struct{})}
-	defer a.b.Close()
+	a := f.applier
+	a.f, a.b = f, f.db.NewBatch()
+	defer func() {
+		a.b.Close()
+		a.reset()
+	}()
 	advanced := false
 	for i, l := range logs {
 		if l.Index <= f.st.applied {
@@ -68,7 +72,9 @@ func must(err error) {
 	}
 }
 
-// applier holds the working state of one ApplyBatch.
+// applier holds the working state of one ApplyBatch. The FSM keeps one
+// and reuses its maps and buffers from batch to batch (ApplyBatch runs on
+// one goroutine under f.mu).
 type applier struct {
 	f *FSM
 	b *pebble.Batch
@@ -79,9 +85,33 @@ type applier struct {
 	dropped []keyRange
 	now     int64
 	index   uint64
-	hbuf    []byte
-	kbuf    []byte
-	vbuf    []byte
+	// hbuf is the current item's HashKey and sc.probe its Bloom probe,
+	// computed once per item for the lookup and the filter add.
+	hbuf []byte
+	sc   lookupScratch
+	kbuf []byte
+	vbuf []byte
+}
+
+// maxReusedOverlay bounds the overlay kept between batches: a map that grew
+// for one huge batch is dropped rather than held forever.
+const maxReusedOverlay = 1 << 16
+
+// reset clears the per-batch state, keeping allocations for the next batch.
+func (a *applier) reset() {
+	if a.ov == nil || len(a.ov) > maxReusedOverlay {
+		a.ov = make(map[string]ovEntry)
+	} else {
+		clear(a.ov)
+	}
+	if a.dirty == nil {
+		a.dirty = make(map[bloom.Key]struct{})
+	} else {
+		clear(a.dirty)
+	}
+	a.f, a.b = nil, nil
+	a.dropped = nil // handed to the compactor
+	a.now, a.index = 0, 0
 }
 
 type ovEntry struct {
@@ -152,6 +182,7 @@ func (a *applier) op(op *Op) OpResult {
 
 func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 	a.hbuf = bloom.HashKey(a.hbuf[:0], ns.ID, it.ID)
+	a.sc.probe.Reset(a.hbuf)
 	rec, bucket, found := a.lookup(ns, it.ID, a.hbuf)
 	live := found && rec.live(a.now)
 	now := a.now
@@ -270,7 +301,7 @@ func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, 
 		}
 		return Record{}, 0, false
 	}
-	rec, bucket, found, err := a.f.lookupStored(ns, id, hkey, &a.kbuf, &a.vbuf)
+	rec, bucket, found, err := a.f.lookupStored(ns, id, &a.sc)
 	must(err)
 	if found {
 		rec = rec.clone()
@@ -279,6 +310,10 @@ func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, 
 }
 
 // write stores rec for id, moving it out of oldBucket if it lived there.
+// REQUIRES: id is the current item's (a.hbuf and a.sc.probe are its).
+// rec's byte slices must stay valid for the batch and never be mutated:
+// they alias the command being applied or a record already cloned by
+// lookup, so the overlay keeps them without copying.
 func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint64, rec *Record) {
 	nb := uint64(rec.ExpiresMs / ns.BucketWidthMs)
 	if had && oldBucket != nb {
@@ -286,17 +321,18 @@ func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint
 	}
 	if !had || oldBucket != nb {
 		a.addToBucket(ns.ID, nb)
-		a.f.filters.Add(bloom.Key{Namespace: ns.ID, Bucket: nb}, bloom.HashKey(nil, ns.ID, id))
+		a.f.filters.AddProbe(bloom.Key{Namespace: ns.ID, Bucket: nb}, &a.sc.probe)
 	}
 	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, nb, id)
 	a.vbuf = appendRecord(a.vbuf[:0], rec)
 	must(a.b.Set(a.kbuf, a.vbuf, nil))
-	a.ov[string(bloom.HashKey(nil, ns.ID, id))] = ovEntry{rec: rec.clone(), bucket: nb, present: true}
+	a.ov[string(a.hbuf)] = ovEntry{rec: *rec, bucket: nb, present: true}
 }
 
+// remove deletes id's record. REQUIRES: id is the current item's.
 func (a *applier) remove(ns *NamespaceConfig, id []byte, bucket uint64) {
 	a.deleteKey(ns, id, bucket)
-	a.ov[string(bloom.HashKey(nil, ns.ID, id))] = ovEntry{}
+	a.ov[string(a.hbuf)] = ovEntry{}
 }
 
 func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {

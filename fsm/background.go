@@ -96,6 +96,9 @@ func (f *FSM) rebuildFilters(ctx context.Context, snap *pebble.Snapshot) error {
 	defer it.Close()
 	var hkey []byte
 	live := func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
+	// Each chain's first filter is sized for its bucket's record count, so
+	// a rebuilt bucket has one filter, not a chain of doublings.
+	size := func(k bloom.Key) uint { return uint(f.st.counts[k]) }
 	it.First()
 	for it.Valid() {
 		if ctx.Err() != nil {
@@ -106,7 +109,8 @@ func (f *FSM) rebuildFilters(ctx context.Context, snap *pebble.Snapshot) error {
 			nsID, b, id, ok := storage.ParseRecordKey(it.Key())
 			if ok {
 				hkey = bloom.HashKey(hkey[:0], nsID, id)
-				f.filters.AddIfLive(bloom.Key{Namespace: nsID, Bucket: b}, hkey, live)
+				k := bloom.Key{Namespace: nsID, Bucket: b}
+				f.filters.AddIfLive(k, hkey, size(k), live)
 			}
 			it.Next()
 		}

@@ -3,6 +3,8 @@ package fsm
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,7 +35,9 @@ func BenchmarkApplyMarkNew(b *testing.B) {
 		}
 		return logOf(index, &Command{TimestampMs: t0, Ops: []Op{op}})
 	}
+	b.ReportAllocs()
 	b.ResetTimer()
+	cpu := startCPU()
 	for n := 0; n < b.N; n += perEntry * perBatch {
 		b.StopTimer()
 		logs := make([]*raft.Log, perBatch)
@@ -43,6 +47,91 @@ func BenchmarkApplyMarkNew(b *testing.B) {
 		b.StartTimer()
 		f.ApplyBatch(logs)
 	}
+	b.StopTimer()
+	cpu.report(b, f)
+}
+
+// BenchmarkApplyMarkNewRandom is the replicated workload as the FSM sees
+// it: random 16-byte IDs with a 16-byte request token, 200 IDs per entry,
+// 4 entries per ApplyBatch, timestamps advancing so that `buckets` expiry
+// buckets are live (each lookup probes that many Bloom filter chains).
+// cpu-ns/id counts the whole process (Pebble flushes and compactions too),
+// measured with getrusage.
+//
+//	go test ./fsm -run '^$' -bench ApplyMarkNewRandom -benchtime 1000000x
+func BenchmarkApplyMarkNewRandom(b *testing.B) {
+	for _, buckets := range []int{1, 24} {
+		b.Run(fmt.Sprintf("buckets=%d", buckets), func(b *testing.B) {
+			benchApplyRandom(b, buckets)
+		})
+	}
+}
+
+func benchApplyRandom(b *testing.B, buckets int) {
+	f, err := New(Config{Dir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	waitReadyB(b, f)
+	const perEntry, perBatch = 200, 4
+	width := DefaultNamespaceConfig("x").BucketWidthMs
+	rng := rand.New(rand.NewPCG(1, 2))
+	var index uint64
+	ts := t0
+	mkLog := func() *raft.Log {
+		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
+		tok := make([]byte, 16)
+		binary.BigEndian.PutUint64(tok, rng.Uint64())
+		for i := range op.Items {
+			id := make([]byte, 16)
+			binary.BigEndian.PutUint64(id, rng.Uint64())
+			binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+			op.Items[i] = Item{ID: id, Token: tok}
+		}
+		index++
+		return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
+	}
+	// Fill buckets-1 earlier buckets (1 000 IDs each) so they are live.
+	for i := 1; i < buckets; i++ {
+		for range 5 {
+			f.ApplyBatch([]*raft.Log{mkLog()})
+		}
+		ts += width
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := startCPU()
+	for n := 0; n < b.N; n += perEntry * perBatch {
+		b.StopTimer()
+		logs := make([]*raft.Log, perBatch)
+		for i := range logs {
+			logs[i] = mkLog()
+		}
+		b.StartTimer()
+		f.ApplyBatch(logs)
+	}
+	b.StopTimer()
+	cpu.report(b, f)
+}
+
+// cpuMeter measures process CPU (user+system) over a benchmark, so that
+// background work (Pebble flushes, compactions) is counted.
+type cpuMeter struct{ start time.Duration }
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func startCPU() cpuMeter { return cpuMeter{processCPU()} }
+
+// report flushes the memtable (its cost belongs to the IDs written) and
+// reports process CPU per b.N.
+func (c cpuMeter) report(b *testing.B, f *FSM) {
+	_ = f.db.Flush()
+	b.ReportMetric(float64((processCPU()-c.start).Nanoseconds())/float64(b.N), "cpu-ns/id")
 }
 
 // BenchmarkCheckMiss measures a Check of an absent ID among 100k stored.

@@ -47,6 +47,7 @@ type FSM struct {
 	bg          *background
 	closed      bool
 	lastDropped []keyRange // ranges to compact, handed to the compactor
+	applier     *applier   // ApplyBatch's reusable working state
 }
 
 // state is the in-memory mirror of the small, hot part of the database:
@@ -90,7 +91,9 @@ func New(cfg Config) (*FSM, error) {
 		log:     cfg.Logger.With("component", "fsm"),
 		filters: bloom.New(cfg.Bloom),
 		notify:  make(chan struct{}),
+		applier: &applier{},
 	}
+	f.applier.reset()
 	if err := f.open(); err != nil {
 		return nil, err
 	}

@@ -9,44 +9,67 @@ import (
 	"github.com/dedupnode/dedupnode/storage"
 )
 
+// lookupScratch holds the buffers one lookup goroutine reuses.
+type lookupScratch struct {
+	probe bloom.Probe
+	cands []uint64
+	kbuf  []byte
+	vbuf  []byte
+}
+
 // lookupStored finds the stored record of id in ns by probing the
 // namespace's live buckets, newest first, skipping buckets whose Bloom
-// filter says "definitely not" once the filters are ready. The returned
-// record aliases *vbuf. REQUIRES: f.mu held (shared or exclusive).
+// filter says "definitely not" once the filters are ready (one hash per ID
+// for all buckets: sc.probe must have been Reset to the ID's HashKey). The
+// returned record aliases sc.vbuf. REQUIRES: f.mu held (shared or
+// exclusive).
 //
 // At most one record per ID exists across buckets: apply deletes the old
 // key whenever it moves or replaces a record.
-func (f *FSM) lookupStored(ns *NamespaceConfig, id, hkey []byte, kbuf, vbuf *[]byte) (Record, uint64, bool, error) {
-	ready := f.filters.Ready()
-	bs := f.st.buckets[ns.ID]
-	maybe := false
-	for i := len(bs) - 1; i >= 0; i-- {
-		b := bs[i]
-		if ready && !f.filters.MayContain(bloom.Key{Namespace: ns.ID, Bucket: b}, hkey) {
-			continue
+func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch) (Record, uint64, bool, error) {
+	cands, ready := f.filters.Candidates(ns.ID, &sc.probe, sc.cands[:0])
+	sc.cands = cands
+	if !ready {
+		// Filters rebuilding: every live bucket may hold the ID.
+		bs := f.st.buckets[ns.ID]
+		for i := len(bs) - 1; i >= 0; i-- {
+			rec, found, err := f.getRecord(ns, bs[i], id, sc)
+			if err != nil || found {
+				return rec, bs[i], found, err
+			}
 		}
-		maybe = true
-		*kbuf = storage.AppendRecordKey((*kbuf)[:0], ns.ID, b, id)
-		v, found, err := storage.GetInto(f.db, *kbuf, (*vbuf)[:0])
-		*vbuf = v
+		return Record{}, 0, false, nil
+	}
+	for _, b := range cands {
+		if _, live := f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: b}]; !live {
+			continue // chains are dropped with their buckets; never trust one that outlived it
+		}
+		rec, found, err := f.getRecord(ns, b, id, sc)
 		if err != nil {
-			return Record{}, 0, false, fmt.Errorf("get record: %w", err)
+			return Record{}, 0, false, err
 		}
 		if found {
-			rec, err := decodeRecord(v)
-			if err != nil {
-				return Record{}, 0, false, err
-			}
-			if ready {
-				f.filters.Observe(true, true)
-			}
+			f.filters.Observe(true, true)
 			return rec, b, true, nil
 		}
 	}
-	if ready {
-		f.filters.Observe(maybe, false)
-	}
+	f.filters.Observe(len(cands) > 0, false)
 	return Record{}, 0, false, nil
+}
+
+// getRecord reads id's record in one bucket; it aliases sc.vbuf.
+func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScratch) (Record, bool, error) {
+	sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, id)
+	v, found, err := storage.GetInto(f.db, sc.kbuf, sc.vbuf[:0])
+	sc.vbuf = v
+	if err != nil {
+		return Record{}, false, fmt.Errorf("get record: %w", err)
+	}
+	if !found {
+		return Record{}, false, nil
+	}
+	rec, err := decodeRecord(v)
+	return rec, err == nil, err
 }
 
 // Check answers, for each id, whether it is recorded and live at nowMs in
@@ -59,7 +82,8 @@ func (f *FSM) Check(nsName string, ids [][]byte, nowMs int64) ([]ItemResult, err
 		nsName = DefaultNamespace
 	}
 	out := make([]ItemResult, len(ids))
-	var hkey, kbuf, vbuf []byte
+	var hkey []byte
+	var sc lookupScratch
 	for i, id := range ids {
 		f.mu.RLock()
 		ns := f.st.namespaces[nsName]
@@ -68,7 +92,8 @@ func (f *FSM) Check(nsName string, ids [][]byte, nowMs int64) ([]ItemResult, err
 			return nil, fmt.Errorf("%w: %q", ErrNamespaceNotFound, nsName)
 		}
 		hkey = bloom.HashKey(hkey[:0], ns.ID, id)
-		rec, _, found, err := f.lookupStored(ns, id, hkey, &kbuf, &vbuf)
+		sc.probe.Reset(hkey)
+		rec, _, found, err := f.lookupStored(ns, id, &sc)
 		f.mu.RUnlock()
 		if err != nil {
 			return nil, err
