@@ -150,7 +150,10 @@ func TestJetStreamRedeliveriesTakeEffectOnce(t *testing.T) {
 			if k%7 == 3 {
 				return errors.New("downstream unavailable")
 			}
-			if ch := stalledSeen[id]; ch != nil {
+			mu.Lock()
+			ch := stalledSeen[id]
+			mu.Unlock()
+			if ch != nil {
 				// Stall past AckWait until JetStream redelivered the message
 				// and the redelivery found our claim in progress.
 				select {
@@ -253,8 +256,8 @@ func TestJetStreamRedeliveriesTakeEffectOnce(t *testing.T) {
 	if outcomes[client.OutcomeDuplicate] < 15 {
 		t.Fatalf("outcomes %v: want at least 15 duplicates", outcomes)
 	}
-	if outcomes[client.OutcomeFailed] < 6 || outcomes[client.OutcomeInProgress] < 3 || outcomes[client.OutcomeConflict] != 1 || actions[natsdedup.ActionTerm] != 1 {
-		t.Fatalf("outcomes %v actions %v: want >= 6 failed, >= 3 in progress (evt-5, 16, 27 stall), 1 conflict terminated", outcomes, actions)
+	if outcomes[client.OutcomeFailed] < 6 || outcomes[client.OutcomeInProgress] < 3 || outcomes[client.OutcomeConflict] < 1 || actions[natsdedup.ActionTerm] != outcomes[client.OutcomeConflict] {
+		t.Fatalf("outcomes %v actions %v: want >= 6 failed, >= 3 in progress (evt-5, 16, 27 stall), the conflict terminated (once per delivery: a slow claim may see a redelivery)", outcomes, actions)
 	}
 	if redeliveries == 0 {
 		t.Fatal("JetStream redelivered nothing")
