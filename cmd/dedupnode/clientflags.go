@@ -163,9 +163,11 @@ func explain(err error, f *clientFlags, namespace string) error {
 // (24 h) unit, as in "7d" or "1d12h".
 type durationValue struct{ d *time.Duration }
 
+// String is "" for zero, so that help shows no "(default 0s)": zero means
+// "the namespace's default", which the flag's usage says.
 func (v durationValue) String() string {
 	if v.d == nil || *v.d == 0 {
-		return "0s"
+		return ""
 	}
 	return fmtDuration(*v.d)
 }

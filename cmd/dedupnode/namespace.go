@@ -70,11 +70,11 @@ func (s *nsSettings) register(cmd *cobra.Command, update bool) {
 		}
 		return d
 	}
-	fs.Var(durationValue{&s.ttl}, "ttl", "default TTL of records, e.g. 5m, 24h, 7d (default "+def("24h")+")")
-	fs.Var(durationValue{&s.maxTTL}, "max-ttl", "largest TTL a request may ask for (default "+def("7d")+")")
+	fs.Var(durationValue{&s.ttl}, "ttl", "default TTL of records, a `DURATION` such as 5m, 24h, 7d (default "+def("24h")+")")
+	fs.Var(durationValue{&s.maxTTL}, "max-ttl", "largest TTL a request may ask for, a `DURATION` (default "+def("7d")+")")
 	fs.IntVar(&s.maxIDBytes, "max-id-bytes", 0, "longest ID accepted, in `BYTES` (default "+def("512")+")")
 	fs.StringVar(&s.mode, "mode", "", "expiry `MODE`: fixed (duplicates never extend expiry) or sliding (each duplicate mark extends it by the TTL) (default "+def("fixed")+")")
-	fs.Var(durationValue{&s.lease}, "lease", "default claim lease, e.g. 30s (default "+def("30s")+")")
+	fs.Var(durationValue{&s.lease}, "lease", "default claim lease, a `DURATION` such as 30s (default "+def("30s")+")")
 }
 
 func (s *nsSettings) namespace(name string) (client.Namespace, error) {

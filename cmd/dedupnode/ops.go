@@ -209,7 +209,7 @@ with id, result, state, first_seen, expires_at, fencing_token.`,
 	fs.StringVarP(&f.namespace, "namespace", "n", "default", "`NAMESPACE` of the IDs")
 	fs.IntVar(&f.batch, "batch", 1000, "send at most `N` IDs per request (at most the server's --max-batch)")
 	if o.ttl {
-		fs.Var(durationValue{&f.ttl}, "ttl", "how long the record lives, e.g. 10m, 24h, 7d (default: the namespace's TTL)")
+		fs.Var(durationValue{&f.ttl}, "ttl", "how long the record lives, a `DURATION` such as 10m, 24h, 7d (default: the namespace's TTL)")
 	}
 	if o.lease {
 		fs.Var(durationValue{&f.lease}, "lease", "lease `DURATION`, e.g. 30s, 5m (default: the namespace's lease)")
