@@ -126,7 +126,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "chance that a delivery crashes its consumer mid-message")
 	fs.Float64Var(&cfg.StallRate, "stall-rate", cfg.StallRate, "chance that a delivery stalls its handler past AckWait")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait: an unacknowledged delivery is redelivered after this")
-	fs.DurationVar(&cfg.Lease, "lease", 10*time.Second, "claim lease per message: a crashed consumer's messages are processed again after this")
+	fs.DurationVar(&cfg.Lease, "lease", 5*time.Second, "claim lease per message: a crashed consumer's messages are processed again after this")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for the events (0: from the clock)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "give up after this `DURATION`")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, NATS's and the ledger's data in `DIR` (default: a temporary folder, deleted)")
@@ -148,11 +148,12 @@ func printDemo(e *env, s demo.Summary) {
 	if s.LeaderKills > 0 || s.Unavailable > 0 {
 		fmt.Fprintf(w, "  leader kills            %9s   deliveries nak'ed while no leader answered: %s\n", n(s.LeaderKills), n(s.Unavailable))
 	}
-	fmt.Fprintf(w, "  effects applied         %9s   to %s accounts\n", n(s.EffectsApplied), "100")
+	fmt.Fprintf(w, "  effects applied         %9s   to %d accounts\n", n(s.EffectsApplied), s.Accounts)
 	fmt.Fprintf(w, "  ledger total            %9s   expected %s\n", n(s.LedgerTotal), n(s.ExpectedTotal))
 	fmt.Fprintf(w, "  re-runs refused by ledger %7s   commits unconfirmed (crash between effect and commit): %s\n", n(int64(s.LedgerRepeatsRefused)), n(s.CommitUnconfirmed))
-	fmt.Fprintf(w, "  time                    %8.1fs   %s messages/s, %d consumers × %d workers, cluster: %s\n\n",
-		s.Seconds, n(int64(s.MessagesPerSecond)), s.Consumers, s.Workers, s.Cluster)
+	fmt.Fprintf(w, "  time                    %8.1fs   %s messages/s overall; 99%% acked after %.1fs (%s messages/s)\n",
+		s.Seconds, n(int64(s.MessagesPerSecond)), s.SecondsTo99, n(int64(s.MessagesPerSecondTo99)))
+	fmt.Fprintf(w, "  consumers               %9d   × %d workers each; cluster: %s\n\n", s.Consumers, s.Workers, s.Cluster)
 	for _, c := range s.Checks {
 		mark := "ok  "
 		if !c.OK {
