@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -276,7 +277,30 @@ func (b *Batcher) do(ctx context.Context, key groupKey, cl *call) (Result, error
 	case r := <-cl.done:
 		return r.res, r.err
 	case <-ctx.Done():
+		b.drop(key, cl)
 		return Result{ID: cl.id}, fmt.Errorf("dedupnode %s (batched): %w", key.op, ctx.Err())
+	}
+}
+
+// drop removes a call whose caller gave up from its group's waiting calls
+// (if it is still waiting; a batch in flight leaves it out or is cancelled
+// with its last caller).
+func (b *Batcher) drop(key groupKey, cl *call) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := b.groups[key]
+	if g == nil {
+		return
+	}
+	if i := slices.Index(g.pending, cl); i >= 0 {
+		g.pending = slices.Delete(g.pending, i, i+1)
+	}
+	if len(g.pending) == 0 && g.inflight == 0 {
+		if g.timer != nil {
+			g.timer.Stop()
+			g.timer = nil
+		}
+		delete(b.groups, key)
 	}
 }
 

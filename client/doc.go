@@ -36,6 +36,15 @@
 // Errors returned by the client wrap the last gRPC status error, so
 // status.Code(err) gives its code (see google.golang.org/grpc/status).
 //
+// # Batching and processing
+//
+// A consumer that handles one message per goroutine can call a [Batcher]
+// (c.NewBatcher()) instead: concurrent single-ID calls are sent together in
+// batched RPCs, each keeping its own request token. [Client.Process] and
+// [Batcher.Process] claim an ID, run the side effect, then commit it (or
+// release it when the effect failed), renewing the lease meanwhile; see
+// also the integrations for NATS JetStream, Watermill and webhooks.
+//
 // # Times and durations
 //
 // Durations passed to the client are rounded down to milliseconds; 0 means
