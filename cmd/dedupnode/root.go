@@ -180,6 +180,7 @@ func newRootCmd(e *env) *cobra.Command {
 		root.AddCommand(c)
 	}
 	root.AddCommand(newChaosCmd())
+	root.AddCommand(newBenchCmd())
 	root.AddCommand(newWebhookProxyCmd(e))
 	root.AddCommand(newDemoCmd(e))
 	return root
