@@ -254,11 +254,23 @@ func (c *dockerCluster) Stop(ctx context.Context, id string) error {
 	return err
 }
 
+// Start starts a stopped container, retrying for a while: right after a
+// kill the engine may still hold the published port ("address already in
+// use" from its userland proxy).
 func (c *dockerCluster) Start(ctx context.Context, id string) error {
-	if c.Running(id) {
-		return nil
+	var err error
+	for try := 0; try < 10; try++ {
+		if c.Running(id) {
+			return nil
+		}
+		if _, err = c.docker(ctx, "start", c.cid[id]); err == nil {
+			return nil
+		}
+		c.log.Debug("docker start failed; retrying", "node", id, "err", err)
+		if !wait(ctx, time.Duration(try+1)*500*time.Millisecond) {
+			break
+		}
 	}
-	_, err := c.docker(ctx, "start", c.cid[id])
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 type Summary struct {
 	Operations     int                       `json:"operations"`
 	Faults         int                       `json:"faults"`
+	FaultsFailed   int                       `json:"faults_failed,omitempty"`
 	Violations     map[string]int            `json:"violations"`
 	Passed         bool                      `json:"passed"`
 	Mode           string                    `json:"mode,omitempty"`
@@ -41,7 +42,7 @@ type Summary struct {
 // Summarize flattens a result for JSON output.
 func (r *Result) Summarize() Summary {
 	rep := r.Report
-	s := Summary{Operations: rep.Operations, Faults: rep.Faults, Violations: rep.Violations, Passed: rep.OK(),
+	s := Summary{Operations: rep.Operations, Faults: rep.Faults, FaultsFailed: rep.FaultErrors, Violations: rep.Violations, Passed: rep.OK(),
 		Mode: r.Mode, Nodes: r.Nodes, Clients: r.Clients, Seed: r.Seed, DurationS: r.WorkloadSeconds, TotalS: r.TotalSeconds,
 		Keys: rep.Keys, OpsByKind: rep.OpsByKind, FaultsByKind: rep.FaultsByKind, FaultKinds: r.FaultKinds,
 		Linearizable: rep.LinearizabilityChecked, Undecided: rep.LinearizabilityUnknown, Details: rep.Details,

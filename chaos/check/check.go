@@ -72,6 +72,9 @@ type Report struct {
 	OpsByKind    map[string]map[string]int `json:"ops_by_kind"`
 	Faults       int                       `json:"faults"`
 	FaultsByKind map[string]int            `json:"faults_by_kind"`
+	// FaultErrors counts faults that could not be injected or healed
+	// fully (e.g. a node that did not restart at once).
+	FaultErrors int `json:"faults_failed,omitempty"`
 	Keys         int                       `json:"keys"`
 	// Violations counts breaches per invariant; every invariant is present.
 	Violations map[string]int `json:"violations"`
@@ -222,6 +225,9 @@ func (c *checker) index() {
 	for _, f := range c.h.Faults {
 		c.rep.Faults++
 		c.rep.FaultsByKind[f.Kind]++
+		if f.Error != "" {
+			c.rep.FaultErrors++
+		}
 	}
 	for i := range c.h.Final {
 		r := &c.h.Final[i]

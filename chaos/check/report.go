@@ -74,7 +74,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\n", k, total, strings.Join(parts, ", "))
 	}
-	fmt.Fprintf(tw, "FAULTS\t%d\t\n", r.Faults)
+	if r.FaultErrors > 0 {
+		fmt.Fprintf(tw, "FAULTS\t%d\t(%d not injected or healed fully; see the log)\n", r.Faults, r.FaultErrors)
+	} else {
+		fmt.Fprintf(tw, "FAULTS\t%d\t\n", r.Faults)
+	}
 	for _, k := range sortedKeys(r.FaultsByKind) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, r.FaultsByKind[k])
 	}
