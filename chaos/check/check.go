@@ -75,7 +75,7 @@ type Report struct {
 	// FaultErrors counts faults that could not be injected or healed
 	// fully (e.g. a node that did not restart at once).
 	FaultErrors int `json:"faults_failed,omitempty"`
-	Keys         int                       `json:"keys"`
+	Keys        int `json:"keys"`
 	// Violations counts breaches per invariant; every invariant is present.
 	Violations map[string]int `json:"violations"`
 	// LinearizabilityUnknown counts keys porcupine could not decide in time.
