@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -375,6 +376,39 @@ func TestSecureClusterTLSEverywhereAndTokens(t *testing.T) {
 	if h := httpGet(t, base+"/healthz"); strings.TrimSpace(h) != "ok" {
 		t.Errorf("/healthz: %q", h)
 	}
+	// In a real browser too, when one is installed.
+	if dom := renderInChromium(t, base+"/"); dom != "" {
+		for _, want := range []string{"n1", "n2", "n3", "orders", "Members", "Bloom filters and storage"} {
+			if !strings.Contains(dom, want) {
+				t.Errorf("page rendered by Chromium lacks %q", want)
+			}
+		}
+	}
+}
+
+// renderInChromium returns the DOM headless Chromium rendered for url, or
+// "" when Chromium is not installed.
+func renderInChromium(t *testing.T, url string) string {
+	t.Helper()
+	var bin string
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		t.Log("chromium not installed: status page not rendered in a browser")
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu",
+		"--user-data-dir="+t.TempDir(), "--dump-dom", url).Output()
+	if err != nil {
+		t.Fatalf("chromium --dump-dom %s: %v", url, err)
+	}
+	return string(out)
 }
 
 // TestForeignCANodeCannotJoin: a node whose certificate another CA signed
