@@ -57,7 +57,7 @@ type Right uint8
 
 // Rights. They do not imply each other.
 const (
-	Read  Right = 1 << iota // Check, DescribeNamespace, ListNamespaces, Status
+	Read  Right = 1 << iota // Check, DescribeNamespace, ListNamespaces (Status: any right)
 	Write                   // Mark, Claim, Commit, Renew, Release, Forget
 	Admin                   // namespace create/update/delete, Export; on "*": Join, Remove, TransferLeadership, Promote, Backup
 	Node                    // everything, including the Internal service (nodes only)

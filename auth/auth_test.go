@@ -344,6 +344,7 @@ func TestInterceptorCodes(t *testing.T) {
 		{"orders remove", orders, remove, codes.PermissionDenied},
 		{"orders read index", orders, readIndex, codes.PermissionDenied},
 		{"reader check", reader, check("x"), codes.OK},
+		{"write-only token status", withTok("default-secret"), statusCall, codes.OK},
 		{"reader mark", reader, mark("x"), codes.PermissionDenied},
 		{"team admin create team-a", teamAdmin, createNS("team-a"), codes.OK},
 		{"team admin delete other", teamAdmin, deleteNS("other"), codes.PermissionDenied},
