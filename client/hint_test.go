@@ -1,64 +1,66 @@
-package client
+package client_test
 
 import (
 	"context"
-	"net"
 	"testing"
+	"time"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/dedupnode/dedupnode/client"
 )
 
 // A node that answers NOT_LEADER with the leader's address in the error
 // details sends the retry straight there, without a Status round.
+//
+// The follower is real; two faults shape what the client sees: its Status
+// fails (so discovery learns no leader and the client starts on the
+// follower), and it handles the client's Mark as a call forwarded by
+// another node, which a real non-leader answers with NOT_LEADER naming the
+// leader instead of forwarding it.
 func TestNotLeaderHintRedirectsTheRetry(t *testing.T) {
-	ctx := testCtx(t)
-	st := newFakeStore()
-	l := startFake(t, st, "leader")
-	// No leader known through Status: only the error hint names it.
-	st.leader = nil
-
-	hinted := status.New(codes.Unavailable, "not the raft leader")
-	hinted, err := hinted.WithDetails(&errdetails.ErrorInfo{
-		Reason:   "NOT_LEADER",
-		Domain:   "dedupnode",
-		Metadata: map[string]string{"leader_id": "leader", "leader_grpc_addr": l.addr},
+	ctx := testCtx(t, 60*time.Second)
+	nodes, li := startNodes(t, 3, nil)
+	l, f := nodes[li], nodes[(li+1)%3]
+	f.faults.FailNext(statusMethod, 1<<30)
+	f.faults.Wrap(markMethod, func(ctx context.Context, req any, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		return h(metadata.NewIncomingContext(ctx, metadata.Join(md, metadata.Pairs(forwardedHeader, "test"))), req)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fakeNode{id: "follower", addr: lis.Addr().String(), store: st, calls: map[string]int{}}
-	f.srv = grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if info.FullMethod == dedupv1.Dedup_Mark_FullMethodName {
-			return nil, hinted.Err()
-		}
-		return h(ctx, req)
-	}))
-	dedupv1.RegisterDedupServer(f.srv, f)
-	dedupv1.RegisterAdminServer(f.srv, f)
-	go func() { _ = f.srv.Serve(lis) }()
-	t.Cleanup(f.srv.Stop)
 
-	c, err := New(ctx, []string{f.addr}, fastRetry(3))
-	if err != nil {
-		t.Fatal(err)
+	var log rpcLog
+	c := newClient(t, []string{f.addr}, fastRetry(3), client.WithDialOptions(log.interceptor()))
+	if c.Leader() != "" {
+		t.Fatalf("leader %q known before the hint", c.Leader())
 	}
-	defer c.Close()
 	res, err := c.Mark(ctx, "ns", items("x"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[0].Code != CodeNew || l.count("mark") != 1 {
-		t.Fatalf("result %v, leader mark calls %d; want new via the hinted leader", res[0].Code, l.count("mark"))
+	if res[0].Code != client.CodeNew || l.faults.Calls(markMethod) != 1 {
+		t.Fatalf("result %v, leader mark calls %d; want new via the hinted leader", res[0].Code, l.faults.Calls(markMethod))
 	}
 	if c.Leader() != l.addr {
 		t.Fatalf("leader = %q, want the hinted %q", c.Leader(), l.addr)
+	}
+	if n := l.faults.Calls(statusMethod); n != 0 {
+		t.Fatalf("the client asked the leader for its status %d times; the hint alone must lead it there", n)
+	}
+	marks := log.of(markMethod)
+	if len(marks) != 2 || marks[0].target != f.addr || marks[1].target != l.addr {
+		t.Fatalf("marks went to %v, want the follower then the leader", marks)
+	}
+	var hinted bool
+	st, _ := status.FromError(marks[0].err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "NOT_LEADER" && info.GetMetadata()["leader_grpc_addr"] == l.addr {
+			hinted = true
+		}
+	}
+	if !hinted {
+		t.Fatalf("the follower answered %v, want NOT_LEADER naming %s", marks[0].err, l.addr)
 	}
 }
