@@ -78,6 +78,7 @@ func TestServeSecurityFlagErrors(t *testing.T) {
 		{[]string{"--tls-client-ca", filepath.Join(pki, "ca.crt")}, "need --tls-cert"},
 		{[]string{"--tls-cert", filepath.Join(pki, "n1.crt"), "--tls-key", filepath.Join(pki, "client.key"), "--tls-ca", filepath.Join(pki, "ca.crt")}, "key pair"},
 		{[]string{"--auth-file", tokens}, "node"},
+		{[]string{"--tls-cert", filepath.Join(pki, "client.crt"), "--tls-key", filepath.Join(pki, "client.key"), "--tls-ca", filepath.Join(pki, "ca.crt")}, "client-only"},
 		{[]string{"--auth-file", filepath.Join(pki, "missing.json")}, "--auth-file"},
 	} {
 		code, _, errb := runCLI(t, ctx, "", append(base, c.args...)...)

@@ -142,7 +142,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.peers, "peers", "", "form a static cluster: `id=raft_addr=grpc_addr,...`, the same list on every node, this node included")
 	fs.StringSliceVar(&f.join, "join", nil, "join a running cluster through these gRPC `ADDR`s of its members")
 	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a request names it (dev and tests)")
-	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs accepted in one request")
+	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.UintVar(&f.bloomExpected, "bloom-expected-per-bucket", 100000, "`N` IDs each expiry bucket's Bloom filter is sized for (more chain extra filters)")
 	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
@@ -303,6 +303,9 @@ func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 		kp, err := security.LoadKeyPair(f.tlsCert, f.tlsKey)
 		if err != nil {
 			return usagef("%v", err)
+		}
+		if leaf := kp.Certificate().Leaf; !security.IsNodeCertificate(leaf) {
+			return usagef("--tls-cert %s (%q) is a client-only certificate and cannot serve; give the node's certificate (is a client's DEDUPNODE_TLS_CERT set in this shell?)", f.tlsCert, leaf.Subject.CommonName)
 		}
 		reloads = append(reloads, kp.Reload)
 		srvTLS, err := security.ServerTLS(kp, f.tlsClientCA, f.tlsCA)
