@@ -59,6 +59,7 @@ func scrape(t *testing.T, m *Metrics) string {
 func TestExpositionHasEveryMetricAndLints(t *testing.T) {
 	snap := testSnapshot(t)
 	m := New(Options{NodeID: "n1", Version: "test", Source: SourceFunc(func() Snapshot { return snap })})
+	m.Registry().MustRegister(CertExpiry("node", func() time.Time { return time.Unix(1_900_000_000, 0) }))
 	m.ObserveRequest("mark", "OK", OriginClient, 3*time.Millisecond, 10)
 	m.ObserveItems("orders", "mark", ResultDuplicate, 2)
 	m.ObserveDuplicate("orders", time.Now().Add(-time.Hour))
@@ -89,6 +90,7 @@ func TestExpositionHasEveryMetricAndLints(t *testing.T) {
 		`dedup_pebble_block_cache_hits_total`,
 		`dedup_pebble_range_deletion_garbage_bytes`,
 		`go_goroutines`,
+		`dedup_tls_cert_expiry_timestamp_seconds{cert="node"} 1.9e+09`,
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w) {

@@ -180,3 +180,15 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// CertExpiry returns a gauge dedup_tls_cert_expiry_timestamp_seconds with
+// label cert=name: the Unix time at which the certificate notAfter returns
+// expires (read at scrape time, so a reloaded certificate shows at once).
+// Register it in the node's registry. Alert when it comes near.
+func CertExpiry(name string, notAfter func() time.Time) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "dedup_tls_cert_expiry_timestamp_seconds",
+		Help:        "Unix time at which the node's TLS certificate expires.",
+		ConstLabels: prometheus.Labels{"cert": name},
+	}, func() float64 { return float64(notAfter().Unix()) })
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/auth"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/metrics"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/dedupnode/dedupnode/server"
 )
@@ -55,6 +56,9 @@ type serveFlags struct {
 	// reload re-reads certificates and the token file (SIGHUP); set by
 	// config when there is anything to reload.
 	reload func() error
+	// started, if set, runs once the server is up (registers extra
+	// metrics).
+	started func(*server.Server)
 }
 
 var serveFlagNames = []string{
@@ -130,7 +134,7 @@ func newServeCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return serve(e.ctx, cfg, logger, f.reload)
+			return serve(e.ctx, cfg, logger, f.reload, f.started)
 		}),
 	}
 	fs := cmd.Flags()
@@ -308,6 +312,9 @@ func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 			return usagef("--tls-cert %s (%q) is a client-only certificate and cannot serve; give the node's certificate (is a client's DEDUPNODE_TLS_CERT set in this shell?)", f.tlsCert, leaf.Subject.CommonName)
 		}
 		reloads = append(reloads, kp.Reload)
+		f.started = func(srv *server.Server) {
+			srv.Metrics().Registry().MustRegister(metrics.CertExpiry("node", func() time.Time { return kp.Certificate().Leaf.NotAfter }))
+		}
 		srvTLS, err := security.ServerTLS(kp, f.tlsClientCA, f.tlsCA)
 		if err != nil {
 			return usagef("%v", err)
@@ -361,11 +368,14 @@ func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 // serve runs one node until ctx ends, then shuts it down within 30 s. On
 // SIGHUP it calls reload (when set): certificates and tokens are reread,
 // and on error the ones in force stay.
-func serve(ctx context.Context, cfg server.Config, logger *slog.Logger, reload func() error) error {
+func serve(ctx context.Context, cfg server.Config, logger *slog.Logger, reload func() error, started func(*server.Server)) error {
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err),
 			hint: "check that the addresses are free and the data dir is writable and not used by another process"}
+	}
+	if started != nil {
+		started(srv)
 	}
 	logger.Info("dedupnode serving", "node", cfg.Cluster.NodeID, "grpc_addr", srv.GRPCAddr(), "raft_addr", srv.RaftAddr(),
 		"admin_addr", srv.AdminAddr(), "data_dir", cfg.Cluster.DataDir)
