@@ -110,11 +110,8 @@ func (s *Server) readIndex(ctx context.Context) (uint64, error) {
 			idx, err = s.node.ReadIndex(ctx)
 			return err
 		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := dedupv1.NewInternalClient(cc).ReadIndex(ctx, &dedupv1.ReadIndexRequest{})
-			if err == nil {
-				idx = r.ReadIndex
-			}
+		func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+			idx, err = s.remoteReadIndex(ctx, cc) // shared with concurrent reads
 			return err
 		})
 	return idx, err

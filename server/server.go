@@ -93,6 +93,8 @@ type Server struct {
 	admin   *adminhttp.Server
 	started time.Time
 
+	reads remoteReads // follower read-index RPCs shared between reads
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	serveErr  chan error
