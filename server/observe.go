@@ -88,26 +88,24 @@ func (s *Server) lastContact() time.Duration {
 	return time.Since(t)
 }
 
-var diskCache struct {
-	sync.Mutex
-	at    map[string]time.Time
-	bytes map[string]int64
+// diskUsageCache remembers the data directory's size for a while.
+type diskUsageCache struct {
+	mu    sync.Mutex
+	at    time.Time
+	bytes int64
 }
 
 // diskUsage is the size of the data directory, recomputed at most every
-// 10 s (a scrape must stay cheap).
+// 10 s (a scrape must stay cheap); -1 when it cannot be read.
 func (s *Server) diskUsage() int64 {
-	dir := s.cfg.Cluster.DataDir
-	diskCache.Lock()
-	defer diskCache.Unlock()
-	if diskCache.at == nil {
-		diskCache.at, diskCache.bytes = map[string]time.Time{}, map[string]int64{}
-	}
-	if time.Since(diskCache.at[dir]) < 10*time.Second {
-		return diskCache.bytes[dir]
+	c := &s.disk
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < 10*time.Second {
+		return c.bytes
 	}
 	var total int64
-	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(s.cfg.Cluster.DataDir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // files come and go under compaction
 		}
@@ -121,7 +119,7 @@ func (s *Server) diskUsage() int64 {
 	if err != nil {
 		total = -1
 	}
-	diskCache.at[dir], diskCache.bytes[dir] = time.Now(), total
+	c.at, c.bytes = time.Now(), total
 	return total
 }
 

@@ -92,6 +92,7 @@ type Server struct {
 	metrics *metrics.Metrics
 	admin   *adminhttp.Server
 	started time.Time
+	disk    diskUsageCache
 
 	reads remoteReads // follower read-index RPCs shared between reads
 
