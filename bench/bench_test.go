@@ -4,17 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/server"
 )
 
 func TestFreshIDsUniqueAndSized(t *testing.T) {
@@ -203,123 +202,47 @@ func TestRunLoopStopsOnErrors(t *testing.T) {
 	}
 }
 
-// fakeDedup is an in-memory Dedup+Admin server, enough to drive Run.
-type fakeDedup struct {
-	dedupv1.UnimplementedDedupServer
-	dedupv1.UnimplementedAdminServer
-	mu     sync.Mutex
-	ids    map[string]uint64 // id -> fencing token; 0 = committed
-	fence  uint64
-	ns     map[string]bool
-	listen string
-}
-
-func (f *fakeDedup) Mark(_ context.Context, r *dedupv1.MarkRequest) (*dedupv1.MarkResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.ns[r.Namespace] {
-		return nil, status.Error(codes.NotFound, "no namespace")
-	}
-	out := &dedupv1.MarkResponse{}
-	for _, it := range r.Items {
-		code := dedupv1.MarkResult_NEW
-		if _, ok := f.ids[string(it.Id)]; ok {
-			code = dedupv1.MarkResult_DUPLICATE
-		} else {
-			f.ids[string(it.Id)] = 0
-		}
-		out.Results = append(out.Results, &dedupv1.MarkResult{Code: code})
-	}
-	return out, nil
-}
-
-func (f *fakeDedup) Check(_ context.Context, r *dedupv1.CheckRequest) (*dedupv1.CheckResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := &dedupv1.CheckResponse{}
-	for _, id := range r.Ids {
-		code := dedupv1.CheckResult_NOT_SEEN
-		if _, ok := f.ids[string(id)]; ok {
-			code = dedupv1.CheckResult_SEEN
-		}
-		out.Results = append(out.Results, &dedupv1.CheckResult{Code: code})
-	}
-	return out, nil
-}
-
-func (f *fakeDedup) Claim(_ context.Context, r *dedupv1.ClaimRequest) (*dedupv1.ClaimResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := &dedupv1.ClaimResponse{}
-	for _, it := range r.Items {
-		if _, ok := f.ids[string(it.Id)]; ok {
-			out.Results = append(out.Results, &dedupv1.ClaimResult{Code: dedupv1.ClaimResult_DUPLICATE})
-			continue
-		}
-		f.fence++
-		f.ids[string(it.Id)] = f.fence
-		out.Results = append(out.Results, &dedupv1.ClaimResult{Code: dedupv1.ClaimResult_ACQUIRED,
-			Record: &dedupv1.Record{FencingToken: f.fence}})
-	}
-	return out, nil
-}
-
-func (f *fakeDedup) Commit(_ context.Context, r *dedupv1.CommitRequest) (*dedupv1.LeaseResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := &dedupv1.LeaseResponse{}
-	for _, it := range r.Items {
-		code := dedupv1.LeaseResult_LEASE_LOST
-		if tok, ok := f.ids[string(it.Id)]; ok && tok == it.FencingToken && tok != 0 {
-			f.ids[string(it.Id)] = 0
-			code = dedupv1.LeaseResult_OK
-		}
-		out.Results = append(out.Results, &dedupv1.LeaseResult{Code: code})
-	}
-	return out, nil
-}
-
-func (f *fakeDedup) Status(context.Context, *dedupv1.StatusRequest) (*dedupv1.StatusResponse, error) {
-	return &dedupv1.StatusResponse{State: "leader", LeaderGrpcAddr: f.listen}, nil
-}
-
-func (f *fakeDedup) DescribeNamespace(_ context.Context, r *dedupv1.DescribeNamespaceRequest) (*dedupv1.NamespaceResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.ns[r.Name] {
-		return nil, status.Error(codes.NotFound, "no such namespace")
-	}
-	return &dedupv1.NamespaceResponse{Namespace: &dedupv1.Namespace{Name: r.Name}}, nil
-}
-
-func (f *fakeDedup) CreateNamespace(_ context.Context, r *dedupv1.CreateNamespaceRequest) (*dedupv1.NamespaceResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ns[r.Namespace.Name] = true
-	return &dedupv1.NamespaceResponse{Namespace: r.Namespace}, nil
-}
-
-func startFake(t *testing.T) *fakeDedup {
+// startNode starts one real dedupnode node (Raft, Pebble, gRPC on
+// loopback) that leads itself, and returns its client address.
+func startNode(t *testing.T) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := server.Start(ctx, server.Config{
+		Cluster: cluster.Config{
+			NodeID:    "n1",
+			DataDir:   t.TempDir(),
+			RaftAddr:  "127.0.0.1:0",
+			Bootstrap: true,
+		},
+		ListenAddr: "127.0.0.1:0",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeDedup{ids: map[string]uint64{}, ns: map[string]bool{}, listen: lis.Addr().String()}
-	s := grpc.NewServer()
-	dedupv1.RegisterDedupServer(s, f)
-	dedupv1.RegisterAdminServer(s, f)
-	go func() { _ = s.Serve(lis) }()
-	t.Cleanup(s.Stop)
-	return f
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		srv.Close(ctx)
+	})
+	if _, _, err := srv.Node().WaitLeader(ctx); err != nil {
+		t.Fatalf("no leader elected: %v", err)
+	}
+	if err := srv.Node().WaitReady(ctx); err != nil {
+		t.Fatalf("node never became a ready leader: %v", err)
+	}
+	return srv.GRPCAddr()
 }
 
-func TestRunAgainstFakeServer(t *testing.T) {
-	f := startFake(t)
+func TestRunAgainstRealNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	addr := startNode(t)
 	for _, wl := range Workloads {
 		t.Run(wl, func(t *testing.T) {
 			res, err := Run(context.Background(), Config{
-				Addrs: []string{f.listen}, Namespace: "bench", Workload: wl,
+				Addrs: []string{addr}, Namespace: "bench", Workload: wl,
 				Concurrency: 4, Batch: 8, Count: 800, Preload: 500, CreateNamespace: true,
 			})
 			if err != nil {
