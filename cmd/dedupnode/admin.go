@@ -52,9 +52,15 @@ with their suffrage (voter or nonvoter), the number of IDs stored and the
 Bloom filter figures (memory, bits per ID, configured and observed
 false-positive rate). --output json prints one JSON object with node_id,
 state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
-members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.`,
+members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.
+
+--wait asks the first node of --addr only, and returns once that node knows
+a leader and its applied index has reached the leader's commit index as
+read from the leader when the wait began: the node has caught up and can
+serve. It exits 1 if that does not happen within --timeout. Use it after
+starting or restarting a node, before taking down the next one.`,
 		Example: strings.ReplaceAll(`  dedupnode status --addr 127.0.0.1:7070
-  dedupnode status --addr 127.0.0.1:7070,127.0.0.1:7071 --wait   # until a leader is elected
+  dedupnode status --addr 127.0.0.1:7071 --wait   # until n2 knows a leader and has caught up
   dedupnode status --output json | jq -r .leader_id`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
@@ -79,29 +85,61 @@ members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.`,
 		}),
 	}
 	f.register(cmd)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until a node answers and names a leader")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until the first node of --addr knows a leader and has applied the log up to the leader's commit index as of the wait's start (caught up)")
 	return cmd
 }
 
-// waitStatus polls firstStatus until a leader is known or --timeout passes.
+// waitStatus polls the first node of --addr until it names a leader and
+// has applied the log up to the leader's commit index (read from the
+// leader once, when the leader first becomes known), or --timeout passes.
 func waitStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
+	c, err := f.dial(e.ctx, cmd)
+	if err != nil {
+		return client.Status{}, explain(err, f, "")
+	}
+	defer c.Close()
 	ctx, cancel := f.withTimeout(e.ctx)
 	defer cancel()
+	addr := f.addrs[0]
+	var (
+		st      client.Status
+		lastErr error
+		target  uint64
+		known   bool // target read from the leader
+	)
 	for {
-		st, err := firstStatus(&env{ctx: ctx, stdin: e.stdin, stdout: e.stdout, stderr: e.stderr, progName: e.progName}, cmd, f)
-		if err == nil && st.LeaderID != "" {
-			return st, nil
+		st, lastErr = c.StatusOf(ctx, addr)
+		if lastErr == nil && st.LeaderID != "" {
+			if !known {
+				ls := st
+				if st.State != "leader" && st.LeaderGRPCAddr != "" {
+					ls, lastErr = c.StatusOf(ctx, st.LeaderGRPCAddr)
+				}
+				if lastErr == nil && ls.State == "leader" {
+					target, known = ls.CommitIndex, true
+				}
+			}
+			if known && st.AppliedIndex >= target {
+				return st, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			if e.ctx.Err() != nil {
 				return client.Status{}, explain(e.ctx.Err(), f, "")
 			}
-			if err != nil {
-				return client.Status{}, err
+			switch {
+			case lastErr != nil && st.NodeID == "":
+				return client.Status{}, explain(lastErr, f, "")
+			case st.LeaderID == "":
+				return client.Status{}, &opError{err: fmt.Errorf("%s knows no leader after --timeout %s", addr, f.timeout),
+					hint: "a majority of the members must be up and reach each other; see the node logs"}
+			case !known:
+				return client.Status{}, &opError{err: fmt.Errorf("could not read the commit index of the leader %s at %s within --timeout %s", st.LeaderID, st.LeaderGRPCAddr, f.timeout),
+					hint: "check that the leader's gRPC address is reachable from here"}
 			}
-			return client.Status{}, &opError{err: fmt.Errorf("no leader elected within --timeout %s", f.timeout),
-				hint: "a majority of the members must be up and reach each other; see the node logs"}
+			return client.Status{}, &opError{err: fmt.Errorf("%s has applied up to index %d, not yet the leader's commit index %d, after --timeout %s", addr, st.AppliedIndex, target, f.timeout),
+				hint: "it is still catching up: wait longer with a larger --timeout, or see its log"}
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

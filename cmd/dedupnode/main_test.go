@@ -378,6 +378,34 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	if st.LeaderID == "" || st.Term == 0 || len(st.Members) != 3 || st.IDsStored == nil || len(st.Bloom) == 0 {
 		t.Fatalf("status json = %s", out)
 	}
+
+	// status --wait on each node returns once it has applied the log up to
+	// the leader's commit index (at least what the writes above reached).
+	var leaderCommit uint64
+	for _, m := range st.Members {
+		if m.ID != st.LeaderID {
+			continue
+		}
+		code, out, errs = runCLI(t, ctx, "", "status", "--addr", m.GRPCAddr, "-o", "json")
+		var ls struct {
+			CommitIndex uint64 `json:"commit_index"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &ls) != nil || ls.CommitIndex == 0 {
+			t.Fatalf("leader status: %d %q %s", code, out, errs)
+		}
+		leaderCommit = ls.CommitIndex
+	}
+	for _, m := range st.Members {
+		code, out, errs = runCLI(t, ctx, "", "status", "--addr", m.GRPCAddr, "--wait", "-o", "json")
+		var ws struct {
+			NodeID       string `json:"node_id"`
+			LeaderID     string `json:"leader_id"`
+			AppliedIndex uint64 `json:"applied_index"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &ws) != nil || ws.NodeID != m.ID || ws.LeaderID == "" || ws.AppliedIndex < leaderCommit {
+			t.Fatalf("status --wait on %s: %d %q %s; leader commit index %d", m.ID, code, out, errs, leaderCommit)
+		}
+	}
 	for _, m := range st.Members {
 		if m.ID == "" || m.RaftAddr == "" || m.GRPCAddr == "" || m.Suffrage != "voter" {
 			t.Fatalf("member %+v", m)
