@@ -345,7 +345,7 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 			return nil
 		}
 		lastErr, lastAddr = err, addr
-		if !retryable(ctx, err) {
+		if !retryable(ctx, err) || (c.opts.retryIf != nil && !c.opts.retryIf(err)) {
 			break
 		}
 		c.failed(addr)

@@ -194,6 +194,24 @@ func TestRetriesStopAtMaxAttempts(t *testing.T) {
 	}
 }
 
+func TestRetryIfStopsTheRetries(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	n := startSingle(t, nil)
+	var seen []error
+	c := newClient(t, []string{n.addr}, fastRetry(10), client.WithRetryIf(func(err error) bool {
+		seen = append(seen, err)
+		return len(seen) < 2
+	}))
+	n.faults.FailNext(markMethod, 100)
+	_, err := c.Mark(ctx, "ns", items("a"), 0)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("err = %v, want Unavailable", err)
+	}
+	if got := n.faults.Calls(markMethod); got != 2 || len(seen) != 2 {
+		t.Fatalf("attempts = %d, RetryIf calls = %d; want 2 and 2", got, len(seen))
+	}
+}
+
 func TestRetriesAreBoundedByTheCallersContext(t *testing.T) {
 	n := startSingle(t, nil)
 	c := newClient(t, []string{n.addr}, client.WithRetry(1<<20, 20*time.Millisecond, 50*time.Millisecond))

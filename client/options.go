@@ -32,6 +32,7 @@ type options struct {
 	backoffMax  time.Duration
 	dialOpts    []grpc.DialOption
 	logger      *slog.Logger
+	retryIf     func(error) bool
 }
 
 func defaultOptions() options {
@@ -65,6 +66,15 @@ func WithRetry(maxAttempts int, base, maxBackoff time.Duration) Option {
 		o.backoffBase = max(base, 0)
 		o.backoffMax = max(maxBackoff, o.backoffBase)
 	}
+}
+
+// WithRetryIf narrows the retry policy: an attempt that failed with a
+// retryable error is tried again only while fn(err) returns true. Use it to
+// stop early on errors that waiting will not heal in your setting (the
+// dedupnode CLI stops on TLS mismatches, and on refused connections when no
+// node has answered it yet). Default: every retryable error is retried.
+func WithRetryIf(fn func(err error) bool) Option {
+	return func(o *options) { o.retryIf = fn }
 }
 
 // WithDialOptions adds gRPC dial options, applied after the client's

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -23,19 +22,20 @@ func firstStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, err
 	defer c.Close()
 	ctx, cancel := f.withTimeout(e.ctx)
 	defer cancel()
-	var errs []error
 	for _, a := range f.addrs {
 		st, err := c.StatusOf(ctx, a)
 		if err == nil {
 			return st, nil
 		}
-		errs = append(errs, err)
+		if tlsHint(err, f) != "" {
+			return client.Status{}, explain(err, f, "")
+		}
 	}
 	// None of the given addresses answered at once: let the client retry
 	// across every node it knows until --timeout.
 	st, err := c.Status(ctx)
 	if err != nil {
-		return client.Status{}, explain(errors.Join(append(errs, err)...), f, "")
+		return client.Status{}, explain(err, f, "")
 	}
 	return st, nil
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/spf13/cobra"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -26,6 +28,97 @@ type clientFlags struct {
 	tlsCert string
 	tlsKey  string
 	token   string
+
+	// State of the CLI's retry policy (see retryIf).
+	answered     atomic.Bool  // some node answered: refusals are outages, not typos
+	refusedSince atomic.Int64 // Unix ns of the first refused connection, 0 if none
+}
+
+// refusedGrace is how long the CLI retries refused connections while no
+// node has answered it yet: enough for a node that is just starting, short
+// enough that a stopped cluster or a wrong --addr fails in seconds.
+const refusedGrace = 3 * time.Second
+
+// retryIf is the CLI's retry policy on top of the client's: TLS mismatches
+// are not retried (they do not heal), and refused connections only for
+// refusedGrace unless a node has answered before (then the cluster is
+// failing over and retries run until --timeout).
+func (f *clientFlags) retryIf(err error) bool {
+	if tlsHint(err, f) != "" {
+		return false
+	}
+	if !refused(err) {
+		if nodeAnswered(err) {
+			f.answered.Store(true)
+		}
+		return true
+	}
+	if f.answered.Load() {
+		return true
+	}
+	now := time.Now().UnixNano()
+	f.refusedSince.CompareAndSwap(0, now)
+	return time.Duration(now-f.refusedSince.Load()) < refusedGrace
+}
+
+// grpcStatus returns the innermost gRPC status in err's chain (the one the
+// node or the transport produced, without the client's wrapping text).
+func grpcStatus(err error) (*status.Status, bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus(), true
+	}
+	return status.FromError(err)
+}
+
+// refused: nothing listens at the address (or its name does not resolve).
+func refused(err error) bool {
+	st, _ := grpcStatus(err)
+	m := st.Message()
+	return st.Code() == codes.Unavailable && (strings.Contains(m, "connection refused") || strings.Contains(m, "no such host"))
+}
+
+// nodeAnswered: err came from a node (a dedupnode error), not from the
+// transport (refused, reset, timed out).
+func nodeAnswered(err error) bool {
+	st, _ := grpcStatus(err)
+	switch st.Code() {
+	case codes.DeadlineExceeded, codes.Canceled:
+		return false
+	case codes.Unavailable:
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == "dedupnode" {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// tlsHint says what to do about a TLS error or a TLS/plaintext mismatch
+// between the CLI and the node, "" for other errors.
+func tlsHint(err error, f *clientFlags) string {
+	st, _ := grpcStatus(err)
+	if st.Code() != codes.Unavailable {
+		return ""
+	}
+	m := st.Message()
+	switch {
+	case strings.Contains(m, "tls: certificate required"):
+		return "the node requires a client certificate: pass --tls-cert and --tls-key (signed by the cluster's client CA)"
+	case strings.Contains(m, "remote error: tls: unknown certificate authority"), strings.Contains(m, "remote error: tls: bad certificate"):
+		return "the node refuses this client certificate: pass --tls-cert/--tls-key signed by the cluster's client CA"
+	case strings.Contains(m, "x509:"):
+		return "the node's certificate does not verify against --tls-ca: pass the CA that signed the nodes' certificates"
+	case strings.Contains(m, "first record does not look like a TLS handshake"):
+		return "the node speaks plaintext: drop --tls-ca, --tls-cert and --tls-key (and the DEDUPNODE_TLS_* variables)"
+	case f.tlsCA == "" && (strings.Contains(m, "error reading server preface") || strings.Contains(m, "connection closed before server preface received")):
+		return "the node speaks TLS: pass --tls-ca (and --tls-cert/--tls-key for mutual TLS)"
+	case strings.Contains(m, "tls:") || strings.Contains(m, "authentication handshake failed"):
+		return "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"
+	}
+	return ""
 }
 
 // clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
@@ -85,6 +178,7 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	opts := []client.Option{
 		client.WithTimeout(min(f.timeout, 10*time.Second)),
 		client.WithRetry(1000, 50*time.Millisecond, time.Second),
+		client.WithRetryIf(f.retryIf),
 	}
 	if f.tlsCA != "" {
 		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
@@ -96,7 +190,11 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if f.token != "" {
 		opts = append(opts, client.WithToken(f.token))
 	}
-	return client.New(dctx, f.addrs, opts...)
+	c, err := client.New(dctx, f.addrs, opts...)
+	if err == nil && c.Leader() != "" {
+		f.answered.Store(true)
+	}
+	return c, err
 }
 
 // withTimeout bounds one request with its retries.
@@ -133,9 +231,8 @@ func explain(err error, f *clientFlags, namespace string) error {
 	case codes.PermissionDenied:
 		return &opError{err: fmt.Errorf("permission denied: %s", msg), hint: "use a token with that right, or ask an admin to grant it in the auth file"}
 	case codes.Unavailable:
-		if strings.Contains(msg, "handshake") || strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") {
-			return &opError{err: fmt.Errorf("TLS with %s failed: %s", addrs, msg),
-				hint: "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"}
+		if h := tlsHint(err, f); h != "" {
+			return &opError{err: fmt.Errorf("TLS with %s failed: %s", addrs, msg), hint: h}
 		}
 		return &opError{err: fmt.Errorf("cluster at %s unavailable: %s", addrs, msg),
 			hint: "start nodes (e.g. 'dedupnode dev'), pass --addr HOST:PORT of a running node, or wait for a leader (see 'dedupnode status')"}

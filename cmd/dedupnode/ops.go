@@ -260,6 +260,7 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 		if err != nil {
 			return explain(err, &f.clientFlags, f.namespace)
 		}
+		f.answered.Store(true)
 		for i, r := range res {
 			if err := printResult(out, f.output, ids[i], r); err != nil {
 				return err
