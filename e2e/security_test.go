@@ -137,7 +137,7 @@ func TestSecureProcessCluster(t *testing.T) {
 	var all string
 	for _, a := range admin {
 		m := httpBody(t, "http://"+a+"/metrics")
-		for _, want := range []string{"dedup_requests_total", "dedup_raft_term", "dedup_bloom_memory_bytes", "dedup_storage_disk_bytes",
+		for _, want := range []string{"dedup_requests_total", "dedup_raft_term", "dedup_bloom_memory_bytes", "dedup_storage_disk_bytes", "dedup_pebble_disk_usage_bytes", "dedup_pebble_l0_files",
 			`dedup_tls_cert_expiry_timestamp_seconds{cert="node"}`} {
 			if !strings.Contains(m, want) {
 				t.Errorf("%s/metrics lacks %q", a, want)

@@ -378,6 +378,17 @@ func (f *FSM) Nodes() map[string]string {
 	return out
 }
 
+// PebbleMetrics returns the state machine database's metrics (a point-in-
+// time copy), or nil once the FSM is closed.
+func (f *FSM) PebbleMetrics() *pebble.Metrics {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.closed {
+		return nil
+	}
+	return f.db.Metrics()
+}
+
 // Stats are figures for Status.
 type Stats struct {
 	AppliedIndex uint64

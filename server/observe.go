@@ -64,6 +64,7 @@ func (s *Server) metricsSnapshot() metrics.Snapshot {
 			Namespaces: len(s.node.FSM().Namespaces()),
 			DiskBytes:  s.diskUsage(),
 		},
+		Pebble: s.node.FSM().PebbleMetrics(),
 	}
 	for _, m := range st.Members {
 		if m.Suffrage == "voter" {
