@@ -46,8 +46,8 @@ func items(ids ...string) []client.Item {
 func markToken(c rpcCall) []byte { return c.req.(*dedupv1.MarkRequest).GetRequestToken() }
 
 // A Mark whose reply is lost after the node applied it is retried with the
-// same request token and returns the original NEW, not DUPLICATE (DESIGN
-// invariant 7, client side).
+// same request token and returns the original NEW, not DUPLICATE (README
+// Guarantees (7), client side).
 func TestMarkRetryAfterLostReplyReturnsOriginalNew(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	n := startSingle(t, nil)

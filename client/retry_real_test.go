@@ -43,7 +43,7 @@ func killAfterApply(t *testing.T, c *demo.Cluster, method string, fired *atomic.
 	})
 }
 
-// DESIGN invariant 7 (retries are safe), client side, on real nodes: a
+// README Guarantees (7) (retries are safe), client side, on real nodes: a
 // Mark applied by the leader, which is then killed before replying, is
 // retried by the client with the same request token against the new leader
 // and returns the original NEW, not DUPLICATE.
@@ -128,7 +128,7 @@ func TestInvariant7LeaderKilledBetweenClaimAndReplyRetryReturnsAcquired(t *testi
 	}
 }
 
-// DESIGN invariants 1 and 7 through the Batcher, with the leader killed
+// README Guarantees (1) and (7) through the Batcher, with the leader killed
 // while batches are in flight: two consumers race to Mark the same IDs,
 // each ID from its own goroutine; every call returns, and for every ID
 // exactly one of the two got NEW. A retry that lost its token would turn

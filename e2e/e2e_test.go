@@ -73,7 +73,7 @@ func checkAll(t *testing.T, ctx context.Context, stage string, c *client.Client,
 // through the CLI; SIGKILL of the leader; every ID still seen and a
 // duplicate through the survivors; then every node restarted (one after a
 // clean SIGTERM, the others after SIGKILL) and the same checked again on
-// each node. DESIGN invariant 2 (no lost marks) end to end.
+// each node. README Guarantees (2) (no lost marks) end to end.
 func TestInvariant2_NoLostMarksAcrossLeaderKillAndFullRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds the binary and runs 3 processes")

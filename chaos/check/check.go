@@ -1,5 +1,6 @@
 // Package check judges a chaos history (package chaos/history) against the
-// invariants of DESIGN.md:
+// guarantees listed in the top-level README, section Guarantees (invariant N
+// below is Guarantees (N)):
 //
 //   - at_most_one_winner (invariant 1): per ID, acknowledged NEW/ACQUIRED
 //     answers with different request tokens never overlap in lifetime. A

@@ -2,8 +2,9 @@
 // they were told: every invocation and completion of a dedup operation,
 // every fault the nemesis injected, and the final per-node reads taken after
 // the cluster healed. The checker (package chaos/check) judges a History
-// against the invariants of DESIGN.md; a History round-trips through JSON
-// so that a failed run can be re-checked offline.
+// against the guarantees of the top-level README (section Guarantees); a
+// History round-trips through JSON so that a failed run can be re-checked
+// offline.
 //
 // Times are wall-clock Unix nanoseconds taken from one process's monotonic
 // clock (see Clock), so they order correctly within a run and compare with

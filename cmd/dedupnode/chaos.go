@@ -19,16 +19,18 @@ import (
 const chaosLong = `Chaos starts a dedupnode cluster, runs many consumers against it while
 injecting faults, heals everything, waits for the cluster to catch up, reads
 every ID back from every node and checks the recorded history against the
-guarantees of dedupnode (DESIGN.md invariants):
+guarantees of dedupnode (README, section Guarantees, numbers in parentheses):
 
-  at_most_one_winner   one NEW/ACQUIRED per ID and lifetime (a retry with the
-                       same request token is the same winner)
-  no_lost_writes       every acknowledged mark/commit reads SEEN on every node
-  linearizable_check   per-ID linearizability of marks and checks (porcupine)
-  no_stale_read        no linearizable check answers not_seen after an
+  at_most_one_winner   (1) one NEW/ACQUIRED per ID and lifetime (a retry with
+                       the same request token is the same winner)
+  no_lost_writes       (2) every acknowledged mark/commit reads SEEN on every
+                       node
+  linearizable_check   (3) per-ID linearizability of marks and checks
+                       (porcupine)
+  no_stale_read        (3) no linearizable check answers not_seen after an
                        acknowledged write completed
-  retry_first_answer   a retried write gets its first answer back
-  replicas_identical   every node ends with the same record for every ID
+  retry_first_answer   (7) a retried write gets its first answer back
+  replicas_identical   (5) every node ends with the same record for every ID
   converged            every node caught up and answered
 
 Modes:

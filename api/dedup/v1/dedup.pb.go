@@ -1,5 +1,5 @@
 // dedup.v1 is the public API of dedupnode, a replicated message-deduplication
-// store. See DESIGN.md at the top of the repository for the guarantees.
+// store. See the README at the top of the repository (Guarantees) for what it promises.
 //
 // Conventions used throughout:
 //   - Message IDs are opaque bytes, 1..max_id_bytes long (namespace setting,
