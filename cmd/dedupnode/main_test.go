@@ -56,6 +56,8 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"unknown command", []string{"mrak", "x"}, "unknown command"},
 		{"unknown flag", []string{"mark", "--bogus", "x"}, "unknown flag"},
 		{"no ids", []string{"mark"}, "requires at least 1 arg"},
+		{"empty id", []string{"mark", "a", ""}, "empty ID"},
+		{"empty id in a lease", []string{"commit", "=12"}, "empty ID"},
 		{"bad output", []string{"check", "--output", "yaml", "x"}, "--output"},
 		{"bad consistency", []string{"check", "--consistency", "eventual", "x"}, "consistency"},
 		{"bad ttl", []string{"mark", "--ttl", "soon", "x"}, "invalid duration"},

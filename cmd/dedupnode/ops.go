@@ -194,10 +194,16 @@ func newOpCmd(e *env, o op) *cobra.Command {
 		Short: o.short,
 		Long: o.long + `
 
-IDs come as arguments, or one per line on standard input with "-". Output:
-one line per ID: the ID, a tab, the result, then tab-separated details
-(expires_at, fencing_token); --output json prints one JSON object per line
-with id, result, state, first_seen, expires_at, fencing_token.`,
+IDs come as arguments, or one per line on standard input with "-" (empty
+lines are skipped; an empty argument is a usage error). Output: one line per
+ID: the ID, a tab, the result, then tab-separated details (state=leased,
+fencing_token, expires_at); --output json prints one JSON object per line
+with id, result, state, first_seen, expires_at, fencing_token.
+
+Exit status: 0 when every ID got an answer — whatever the answers are
+(duplicate, conflict, in_progress, lease_lost are results in the output, not
+errors); 1 when a request failed (the lines printed before it stand, the
+IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		Example: strings.ReplaceAll(o.example, "dedupnode ", e.progName+" "),
 		Args:    cobra.MinimumNArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
@@ -229,6 +235,11 @@ with id, result, state, first_seen, expires_at, fencing_token.`,
 func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	if f.batch < 1 {
 		return usagef("--batch must be at least 1")
+	}
+	for i, a := range args {
+		if a == "" {
+			return usagef("argument %d is an empty ID: an ID is 1 byte or more", i+1)
+		}
 	}
 	if err := f.validate(cmd); err != nil {
 		return err
@@ -357,6 +368,9 @@ func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
 		tok, err := strconv.ParseUint(e[k+1:], 10, 64)
 		if err != nil || tok == 0 {
 			return nil, nil, usagef("%q: fencing token %q is not a positive integer", e, e[k+1:])
+		}
+		if k == 0 {
+			return nil, nil, usagef("%q has an empty ID: give ID=TOKEN", e)
 		}
 		leases[i] = client.Lease{ID: []byte(e[:k]), FencingToken: tok}
 		ids[i] = e[:k]

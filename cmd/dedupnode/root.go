@@ -138,7 +138,9 @@ Start a local 3-node cluster, then mark and check IDs against it:
   dedupnode mark  --addr 127.0.0.1:7070,127.0.0.1:7071,127.0.0.1:7072 order-1 order-2
   dedupnode check --addr 127.0.0.1:7070 order-1 order-3
 
-Exit codes: 0 success, 1 operational error, 2 usage error.`
+Exit codes: 0 success (for mark, check, claim, ...: every ID got an answer,
+whatever it is: per-ID results such as duplicate or lease_lost are in the
+output), 1 operational error, 2 usage error.`
 
 func newRootCmd(e *env) *cobra.Command {
 	root := &cobra.Command{
