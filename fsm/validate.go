@@ -62,11 +62,11 @@ func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
 	switch op.Kind {
 	case OpMark, OpCommit:
 		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
-			return invalid("ttl_ms", "%d ms is outside 0 (namespace default) .. %d ms (max TTL of namespace %q)", op.DurationMs, ns.MaxTTLMs, ns.Name)
+			return invalid("ttl_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns))
 		}
 	case OpClaim, OpRenew:
 		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
-			return invalid("lease_ms", "%d ms is outside 0 (namespace default) .. %d ms (max TTL of namespace %q)", op.DurationMs, ns.MaxTTLMs, ns.Name)
+			return invalid("lease_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns))
 		}
 	default:
 		if op.DurationMs != 0 {
@@ -79,6 +79,9 @@ func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
 			return invalid(fmt.Sprintf("items[%d].id", i), "empty message ID")
 		}
 		if len(it.ID) > ns.MaxIDBytes {
+			if ns.Name == "" {
+				return invalid(fmt.Sprintf("items[%d].id", i), "%d bytes exceed %d, the most any namespace allows", len(it.ID), ns.MaxIDBytes)
+			}
 			return invalid(fmt.Sprintf("items[%d].id", i), "%d bytes exceed the namespace %q limit of %d", len(it.ID), ns.Name, ns.MaxIDBytes)
 		}
 		if len(it.Digest) > MaxDigestBytes {
@@ -95,6 +98,16 @@ func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
 		}
 	}
 	return nil
+}
+
+// maxTTLOf names the limit a TTL or lease broke. A config without a name
+// stands for the widest limits any namespace can have (checks made before
+// the namespace is known).
+func maxTTLOf(ns *NamespaceConfig) string {
+	if ns.Name == "" {
+		return "the largest max TTL a namespace can have"
+	}
+	return fmt.Sprintf("max TTL of namespace %q", ns.Name)
 }
 
 // ValidateNamespaceConfig checks a full namespace config (after defaults are

@@ -14,8 +14,9 @@ import (
 )
 
 // permissive is a namespace with the widest limits: used to check what can
-// be checked without the namespace (a follower may not know it yet).
-var permissive = fsm.NamespaceConfig{Name: "*", MaxTTLMs: fsm.MaxTTLLimitMs, MaxIDBytes: fsm.MaxIDBytesLimit}
+// be checked without the namespace (a follower may not know it yet). It has
+// no name, so its errors name no namespace but the limit any namespace has.
+var permissive = fsm.NamespaceConfig{MaxTTLMs: fsm.MaxTTLLimitMs, MaxIDBytes: fsm.MaxIDBytesLimit}
 
 // validateBasic checks op as far as possible without its namespace.
 func (s *Server) validateBasic(op *fsm.Op) error {
