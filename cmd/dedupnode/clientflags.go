@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/spf13/cobra"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -202,8 +204,9 @@ func (f *clientFlags) withTimeout(ctx context.Context) (context.Context, context
 	return context.WithTimeout(ctx, f.timeout)
 }
 
-// explain turns a client error into an operational error with a hint
-// saying what to do.
+// explain turns a client error into an operational error: one short line
+// saying what happened (the node's own message, without the client's and
+// gRPC's wrapping) and a hint saying what to do.
 func explain(err error, f *clientFlags, namespace string) error {
 	if err == nil {
 		return nil
@@ -212,34 +215,52 @@ func explain(err error, f *clientFlags, namespace string) error {
 	if errors.As(err, &ue) {
 		return err
 	}
-	st, _ := status.FromError(err)
-	msg := st.Message()
-	if msg == "" {
-		msg = err.Error()
-	}
+	st, _ := grpcStatus(err)
+	msg := cleanMessage(err)
 	addrs := strings.Join(f.addrs, ",")
 	switch {
 	case errors.Is(err, context.Canceled):
 		return &opError{err: errors.New("interrupted"), hint: "nothing more was sent; re-run to finish (writes already sent are safe to repeat)"}
 	case errors.Is(err, context.DeadlineExceeded) && st.Code() != codes.Unavailable:
-		return &opError{err: fmt.Errorf("no answer within --timeout %s (%s)", f.timeout, msg),
-			hint: fmt.Sprintf("check that a majority of nodes is up with 'dedupnode status --addr %s', or raise --timeout", addrs)}
+		e := fmt.Errorf("no answer within --timeout %s", f.timeout)
+		if msg != context.DeadlineExceeded.Error() && !strings.HasSuffix(msg, ": "+context.DeadlineExceeded.Error()) {
+			e = fmt.Errorf("no answer within --timeout %s (%s)", f.timeout, msg)
+		}
+		return &opError{err: e, hint: fmt.Sprintf("check that a majority of nodes is up with 'dedupnode status --addr %s', or raise --timeout", addrs)}
 	}
 	switch st.Code() {
 	case codes.Unauthenticated:
-		return &opError{err: fmt.Errorf("not authenticated: %s", msg), hint: "pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"}
+		what := msg
+		switch {
+		case strings.HasPrefix(msg, "missing token"):
+			what = "the cluster requires a token and none was given"
+		case strings.HasPrefix(msg, "invalid token"):
+			what = "the token is not in the cluster's auth file"
+		}
+		return &opError{err: fmt.Errorf("not authenticated: %s", what), hint: "pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"}
 	case codes.PermissionDenied:
 		return &opError{err: fmt.Errorf("permission denied: %s", msg), hint: "use a token with that right, or ask an admin to grant it in the auth file"}
 	case codes.Unavailable:
 		if h := tlsHint(err, f); h != "" {
-			return &opError{err: fmt.Errorf("TLS with %s failed: %s", addrs, msg), hint: h}
+			return &opError{err: fmt.Errorf("cannot connect to %s: %s", addrs, msg), hint: h}
 		}
-		return &opError{err: fmt.Errorf("cluster at %s unavailable: %s", addrs, msg),
+		if refused(err) {
+			return &opError{err: fmt.Errorf("no node at %s accepts connections (%s)", addrs, lastPart(msg)),
+				hint: "start one (e.g. 'dedupnode dev') or pass --addr HOST:PORT of a running node"}
+		}
+		what := fmt.Sprintf("cluster at %s unavailable", addrs)
+		if errors.Is(err, context.DeadlineExceeded) {
+			what += " for --timeout " + f.timeout.String()
+		}
+		return &opError{err: fmt.Errorf("%s: %s", what, msg),
 			hint: "start nodes (e.g. 'dedupnode dev'), pass --addr HOST:PORT of a running node, or wait for a leader (see 'dedupnode status')"}
 	case codes.NotFound:
-		if namespace != "" && strings.Contains(msg, "namespace") {
-			return &opError{err: errors.New(msg),
-				hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' or list them with 'dedupnode namespace list'", namespace)}
+		if m, ok := strings.CutSuffix(msg, ": "+fsm.ErrNamespaceNotFound.Error()); ok {
+			msg = m + " does not exist"
+			if namespace != "" {
+				return &opError{err: errors.New(msg),
+					hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' (list them with 'dedupnode namespace list')", namespace)}
+			}
 		}
 		return &opError{err: errors.New(msg), hint: "check the name"}
 	case codes.InvalidArgument, codes.OutOfRange:
@@ -255,6 +276,92 @@ func explain(err error, f *clientFlags, namespace string) error {
 	}
 	return &opError{err: errors.New(msg), hint: "see 'dedupnode status' and the node logs"}
 }
+
+var (
+	// "dedupnode mark via 127.0.0.1:7070 (attempt 3, then context deadline
+	// exceeded): ", the client's wrapping.
+	clientPrefixRE = regexp.MustCompile(`dedupnode [a-z -]+ via \S+( \(attempt \d+(, then [^)]*)?\))?: `)
+	// "rpc error: code = Unavailable desc = ", gRPC's.
+	rpcPrefixRE = regexp.MustCompile(`rpc error: code = \w+ desc = `)
+	// `connection error: desc = "..."`, gRPC's transport wrapping.
+	connErrorRE = regexp.MustCompile(`connection error: desc = "(.*)"`)
+)
+
+// serverAdvice are the what-to-do suffixes the server adds to its messages
+// (server/errors.go); explain gives its own hint instead.
+var serverAdvice = []string{
+	"; no leader reachable right now; nothing was written, retry is safe with the same request token",
+	"; leader is starting its term; nothing was written, retry is safe with the same request token",
+	"; node is shutting down; nothing was written, retry is safe with the same request token on another node",
+	"; the write may still commit; retry with the same request token",
+	"; retry is safe with the same request token",
+	"; retry the read on another node",
+	"; create it first (dedupnode namespace create)",
+	"; nothing was applied",
+}
+
+// cleanMessage is err's text without the client's and gRPC's wrapping and
+// without the server's advice: what happened, in the node's words.
+func cleanMessage(err error) string {
+	s := err.Error()
+	s = clientPrefixRE.ReplaceAllString(s, "")
+	s = rpcPrefixRE.ReplaceAllString(s, "")
+	s = connErrorRE.ReplaceAllString(s, "$1")
+	s = strings.ReplaceAll(s, `\"`, `"`)
+	for _, noise := range []string{"transport: ", "authentication handshake failed: ", "Error while dialing: "} {
+		s = strings.ReplaceAll(s, noise, "")
+	}
+	for _, a := range serverAdvice {
+		s = strings.ReplaceAll(s, a, "")
+	}
+	if i := strings.Index(s, " (possibly because of "); i >= 0 { // crypto/x509's aside
+		s = s[:i]
+	}
+	return strings.TrimSpace(s)
+}
+
+// lastPart is the innermost cause of a "a: b: c" message ("connection
+// refused" of a failed dial).
+func lastPart(s string) string {
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		return s[i+2:]
+	}
+	return s
+}
+
+// ttlError rewords a TTL or lease out of its namespace's range in the terms
+// of the flag the user gave: "--ttl 8d exceeds the max TTL of namespace
+// default (7d)". It returns nil when err is something else or the flag was
+// not given (the namespace default cannot be out of range).
+func ttlError(err error, cmd *cobra.Command) error {
+	st, _ := grpcStatus(err)
+	if st.Code() != codes.InvalidArgument {
+		return nil
+	}
+	m := ttlRangeRE.FindStringSubmatch(st.Message())
+	if m == nil {
+		return nil
+	}
+	flag := map[string]string{"ttl_ms": "ttl", "lease_ms": "lease"}[m[1]]
+	fl := cmd.Flags().Lookup(flag)
+	if fl == nil || !fl.Changed {
+		return nil
+	}
+	maxMs, perr := strconv.ParseInt(m[2], 10, 64)
+	if perr != nil {
+		return nil
+	}
+	limit := fmtDuration(time.Duration(maxMs) * time.Millisecond)
+	if m[3] != "" {
+		return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), m[3], limit),
+			hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, m[3])}
+	}
+	return &opError{err: fmt.Errorf("--%s %s exceeds %s, the largest max TTL a namespace can have; nothing applied", flag, fl.Value.String(), limit),
+		hint: fmt.Sprintf("pass a shorter --%s", flag)}
+}
+
+// ttlRangeRE matches fsm.Validate's TTL and lease range errors.
+var ttlRangeRE = regexp.MustCompile(`^(ttl_ms|lease_ms): -?\d+ ms is outside 0 \(namespace default\) \.\. (\d+) ms \((?:max TTL of namespace "([^"]*)"|[^)]*)\)`)
 
 // durationValue is a pflag.Value for durations that also accepts a "d"
 // (24 h) unit, as in "7d" or "1d12h".

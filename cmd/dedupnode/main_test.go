@@ -441,8 +441,13 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 		t.Fatalf("members: %d %q", code, out)
 	}
 	code, _, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "--ttl", "3650d", "x")
-	if code != exitError || !strings.Contains(errs, "nothing applied") {
+	if code != exitError || !strings.Contains(errs, "nothing applied") || !strings.Contains(errs, "--ttl 3650d exceeds 366d") || strings.Contains(errs, `"*"`) {
 		t.Fatalf("ttl over max: exit %d stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
+	code, _, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "--namespace", "payments", "--ttl", "2h", "x")
+	if code != exitError || !strings.Contains(errs, "--ttl 2h exceeds the max TTL of namespace payments (1h)") {
+		t.Fatalf("ttl over the namespace's max: exit %d stderr %q", code, errs)
 	}
 	assertOneLine(t, errs)
 }

@@ -241,7 +241,7 @@ window) is a namespace whose TTL is the window.`,
 
 func explainNS(err error, f *clientFlags, name string) error {
 	err = explain(err, f, "")
-	if oe, ok := err.(*opError); ok && name != "" && strings.Contains(oe.err.Error(), "not found") {
+	if oe, ok := err.(*opError); ok && name != "" && strings.Contains(oe.err.Error(), "does not exist") {
 		oe.hint = "list namespaces with 'dedupnode namespace list' or create it with 'dedupnode namespace create " + name + "'"
 	}
 	return err

@@ -269,6 +269,9 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 		defer cancel()
 		res, ids, err := o.run(ctx, c, f, entries)
 		if err != nil {
+			if te := ttlError(err, cmd); te != nil {
+				return te
+			}
 			return explain(err, &f.clientFlags, f.namespace)
 		}
 		f.answered.Store(true)

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // tlsListener serves TLS handshakes (and nothing else) with a node
@@ -100,5 +104,49 @@ func TestRefusedEverywhereFailsWithinSeconds(t *testing.T) {
 	assertOneLine(t, errs)
 	if el := time.Since(start); el > refusedGrace+10*time.Second {
 		t.Fatalf("took %v with every address refusing", el)
+	}
+}
+
+// Errors are one short line in the node's words: no client or gRPC
+// wrapping, no hint twice.
+func TestExplainStripsWrappingAndDuplicateHints(t *testing.T) {
+	f := &clientFlags{addrs: []string{"127.0.0.1:7070"}, timeout: 15 * time.Second}
+	wrap := func(err error) error { // as the client wraps a non-retryable error
+		return fmt.Errorf("dedupnode mark via 127.0.0.1:7070: %w", err)
+	}
+	wrapRetried := func(err error) error { // and a retried one at the deadline
+		return fmt.Errorf("dedupnode mark via 127.0.0.1:7070 (attempt 3, then %w): %w", context.DeadlineExceeded, err)
+	}
+	cases := []struct {
+		err       error
+		namespace string
+		want      string
+	}{
+		{status.Error(codes.NotFound, `namespace "orders": namespace not found; create it first (dedupnode namespace create)`), "orders",
+			`namespace "orders" does not exist; create it with 'dedupnode namespace create orders' (list them with 'dedupnode namespace list')`},
+		{wrap(status.Error(codes.InvalidArgument, "items[0].id: empty message ID; nothing was applied")), "",
+			"request rejected, nothing applied: items[0].id: empty message ID; fix the input and retry"},
+		{wrap(status.Error(codes.Unauthenticated, `missing token: send metadata "authorization: Bearer <token>" (CLI: --token or DEDUPNODE_TOKEN)`)), "",
+			"not authenticated: the cluster requires a token and none was given; pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"},
+		{wrapRetried(status.Error(codes.Unavailable, "not the raft leader (no leader known); no leader reachable right now; nothing was written, retry is safe with the same request token")), "",
+			"cluster at 127.0.0.1:7070 unavailable for --timeout 15s: not the raft leader (no leader known); start nodes"},
+		{wrapRetried(status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7070: connect: connection refused"`)), "",
+			"no node at 127.0.0.1:7070 accepts connections (connection refused); start one"},
+	}
+	for _, tc := range cases {
+		err := explain(tc.err, f, tc.namespace)
+		var oe *opError
+		if !errors.As(err, &oe) {
+			t.Fatalf("explain(%v) = %T", tc.err, err)
+		}
+		got := oe.Error() + "; " + oe.hint
+		if !strings.HasPrefix(got, tc.want) {
+			t.Errorf("explain:\n got %q\nwant %q...", got, tc.want)
+		}
+		for _, noise := range []string{"rpc error", "desc =", "via 127", "attempt", "create it first"} {
+			if strings.Contains(got, noise) {
+				t.Errorf("explain: %q has %q", got, noise)
+			}
+		}
 	}
 }
