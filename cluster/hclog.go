@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -14,17 +18,72 @@ import (
 // hclogAdapter routes hashicorp/raft's hclog output into one slog.Logger.
 // Messages below minLevel are dropped before any formatting work, so raft's
 // DEBUG chatter costs nothing.
+//
+// A WARN or ERROR whose error is a connection going away (closed by this
+// node, or EOF/reset from a peer) is logged at DEBUG when this node closed
+// the connection itself or is stopping: raft reports every connection its
+// own shutdown (or a peer's, at the same moment) cuts, e.g. "failed to
+// decode incoming command: use of closed network connection".
 type hclogAdapter struct {
 	l        *slog.Logger
 	name     string
 	minLevel hclog.Level
 	implied  []any
+	stopping *atomic.Bool // nil: never
 }
 
 var _ hclog.Logger = (*hclogAdapter)(nil)
 
-func newHCLogger(l *slog.Logger, minLevel hclog.Level) hclog.Logger {
-	return &hclogAdapter{l: l, minLevel: minLevel}
+// newHCLogger returns an adapter logging to l from minLevel on; stopping,
+// when not nil, says that the node is shutting down.
+func newHCLogger(l *slog.Logger, minLevel hclog.Level, stopping *atomic.Bool) hclog.Logger {
+	return &hclogAdapter{l: l, minLevel: minLevel, stopping: stopping}
+}
+
+// connGone reports whether err (an error or its text) is a connection
+// ending under us: closed by this node, or EOF, reset or refused because
+// the peer went away.
+func connGone(err any) bool {
+	var s string
+	switch e := err.(type) {
+	case error:
+		if errors.Is(e, net.ErrClosed) || errors.Is(e, io.EOF) || errors.Is(e, io.ErrUnexpectedEOF) ||
+			errors.Is(e, syscall.ECONNRESET) || errors.Is(e, syscall.EPIPE) || errors.Is(e, syscall.ECONNREFUSED) {
+			return true
+		}
+		s = e.Error()
+	case string:
+		s = e
+	default:
+		return false
+	}
+	for _, p := range []string{"use of closed network connection", "EOF", "connection reset by peer", "broken pipe", "connection refused"} {
+		if strings.Contains(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// shutdownNoise says whether a WARN/ERROR with these key-value args is a
+// connection cut by a shutdown (see hclogAdapter).
+func (a *hclogAdapter) shutdownNoise(args []any) bool {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, _ := args[i].(string); k != "error" && k != "err" {
+			continue
+		}
+		if !connGone(args[i+1]) {
+			return false
+		}
+		closedHere := errors.Is(asError(args[i+1]), net.ErrClosed) || strings.Contains(fmt.Sprint(args[i+1]), "use of closed network connection")
+		return closedHere || a.stopping != nil && a.stopping.Load()
+	}
+	return false
+}
+
+func asError(v any) error {
+	e, _ := v.(error)
+	return e
 }
 
 func toSlogLevel(level hclog.Level) slog.Level {
@@ -48,6 +107,9 @@ func (a *hclogAdapter) enabled(level hclog.Level) bool {
 }
 
 func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
+	if level >= hclog.Warn && level != hclog.Off && a.shutdownNoise(args) {
+		level = hclog.Debug
+	}
 	if !a.enabled(level) {
 		return
 	}

@@ -57,6 +57,7 @@ type Node struct {
 	reads *readIndexer
 
 	stop     chan struct{}
+	stopping atomic.Bool // set when Shutdown starts (quiets raft's connection noise)
 	wg       sync.WaitGroup
 	shutOnce sync.Once
 	shutErr  error
@@ -79,7 +80,7 @@ func New(cfg Config) (_ *Node, err error) {
 		hbFail:   map[raft.ServerID]time.Time{},
 		stop:     make(chan struct{}),
 	}
-	hcl := newHCLogger(n.log.With("component", "raft"), hclog.Warn)
+	hcl := newHCLogger(n.log.With("component", "raft"), hclog.Warn, &n.stopping)
 
 	var closers []func() error
 	defer func() {
@@ -504,10 +505,17 @@ func (n *Node) Status() (Status, error) {
 // second call returns the first result.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutOnce.Do(func() {
+		n.stopping.Store(true)
 		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			if err := waitFuture(tctx, n.raft.LeadershipTransfer()); err != nil {
-				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+				if connGone(err) {
+					// The target went away meanwhile: typically every node
+					// is being stopped at once. The survivors, if any, elect.
+					n.log.Info("leadership transfer before shutdown skipped: the target node is going away too", "err", err)
+				} else {
+					n.log.Warn("leadership transfer before shutdown failed", "err", err)
+				}
 			}
 			cancel()
 		}

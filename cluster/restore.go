@@ -103,7 +103,7 @@ func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *
 		return 0, 0, fmt.Errorf("close fsm: %w", err)
 	}
 
-	hcl := newHCLogger(logger.With("component", "raft"), hclog.Warn)
+	hcl := newHCLogger(logger.With("component", "raft"), hclog.Warn, nil)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hcl)
 	if err != nil {
 		return 0, 0, fmt.Errorf("open snapshot store: %w", err)
