@@ -12,8 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/server"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 func TestFreshIDsUniqueAndSized(t *testing.T) {
@@ -202,36 +201,13 @@ func TestRunLoopStopsOnErrors(t *testing.T) {
 	}
 }
 
-// startNode starts one real dedupnode node (Raft, Pebble, gRPC on
-// loopback) that leads itself, and returns its client address.
+// startNode starts one real dedupnode node (testcluster.Start: Raft,
+// Pebble, gRPC on loopback) and returns its gRPC address once it is a
+// ready leader.
 func startNode(t *testing.T) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := server.Start(ctx, server.Config{
-		Cluster: cluster.Config{
-			NodeID:    "n1",
-			DataDir:   t.TempDir(),
-			RaftAddr:  "127.0.0.1:0",
-			Bootstrap: true,
-		},
-		ListenAddr: "127.0.0.1:0",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		srv.Close(ctx)
-	})
-	if _, _, err := srv.Node().WaitLeader(ctx); err != nil {
-		t.Fatalf("no leader elected: %v", err)
-	}
-	if err := srv.Node().WaitReady(ctx); err != nil {
-		t.Fatalf("node never became a ready leader: %v", err)
-	}
-	return srv.GRPCAddr()
+	srvs, _ := testcluster.Start(t, 1, nil)
+	return srvs[0].GRPCAddr()
 }
 
 func TestRunAgainstRealNode(t *testing.T) {

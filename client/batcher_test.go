@@ -16,6 +16,7 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 // markAll runs one Batcher.Mark per ID, each from its own goroutine, and
@@ -42,7 +43,7 @@ func markAll(t *testing.T, ctx context.Context, b *client.Batcher, ns string, id
 // With a linger longer than the test, a batch leaves only when full: 100
 // concurrent single-ID calls become exactly 100/maxBatch RPCs on the wire.
 func TestBatcherCoalescesConcurrentCallsIntoFullBatches(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	for _, maxBatch := range []int{100, 10} {
 		var log rpcLog
@@ -80,7 +81,7 @@ func TestBatcherCoalescesConcurrentCallsIntoFullBatches(t *testing.T) {
 // Calls of different operations, namespaces or TTLs never share a request,
 // and each gets the TTL it asked for.
 func TestBatcherGroupsByOperationNamespaceAndTTL(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	var log rpcLog
 	c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
@@ -145,7 +146,7 @@ func TestBatcherGroupsByOperationNamespaceAndTTL(t *testing.T) {
 
 // Two goroutines marking the same ID in one batch: one wins.
 func TestBatcherSameIDTwiceInOneBatchHasOneWinner(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(2))
@@ -172,7 +173,7 @@ func countCode(res []client.Result, code client.Code) int {
 // One caller's bad ID (the server rejects the whole request, applying
 // nothing) fails only that caller: the batch is split and resent.
 func TestBatcherBadInputFailsOnlyItsCaller(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(10))
@@ -211,7 +212,7 @@ func TestBatcherBadInputFailsOnlyItsCaller(t *testing.T) {
 // once with its context's error; the others in the batch are unaffected,
 // and Close sends what is waiting without lingering.
 func TestBatcherCallerCancelAndCloseFlush(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(1000))
@@ -230,7 +231,7 @@ func TestBatcherCallerCancelAndCloseFlush(t *testing.T) {
 		}
 		kept <- r
 	}()
-	waitFor(t, 10*time.Second, "both calls to wait in the batcher", func() bool { return b.Stats().Calls == 2 })
+	testcluster.WaitFor(t, 10*time.Second, "both calls to wait in the batcher", func() bool { return b.Stats().Calls == 2 })
 	cancel()
 	if err := <-cancelled; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled caller: %v, want context.Canceled", err)
@@ -255,7 +256,7 @@ func TestBatcherCallerCancelAndCloseFlush(t *testing.T) {
 // whole; every caller gets its original NEW, and each item carries the
 // same token on every attempt.
 func TestBatcherRetryAfterLostReplyKeepsEachCallersToken(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	var log rpcLog
 	var dropped atomic.Int64
@@ -292,7 +293,7 @@ func TestBatcherRetryAfterLostReplyKeepsEachCallersToken(t *testing.T) {
 // Many goroutines, many calls: every call is answered, and the batches on
 // the wire are fewer than the calls.
 func TestBatcherUnderConcurrency(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
 	c := newClient(t, cl.Addrs())
 	b := c.NewBatcher(client.WithMaxInflight(1))

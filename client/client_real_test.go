@@ -19,6 +19,7 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/server"
 )
 
@@ -131,7 +132,7 @@ func TestWritesGoToTheLeader(t *testing.T) {
 // When the leader dies, calls ride out the election and the client
 // follows the new leader.
 func TestLeaderChangeIsFollowed(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
 	c := newClient(t, cl.Addrs())
 	if _, err := c.Mark(ctx, "ns", items("1"), 0); err != nil {
@@ -150,7 +151,7 @@ func TestLeaderChangeIsFollowed(t *testing.T) {
 	}
 	// The call may have succeeded through a follower that forwarded it;
 	// the next call to the leader finds the new one.
-	waitFor(t, 60*time.Second, "the client to follow the new leader", func() bool {
+	testcluster.WaitFor(t, 60*time.Second, "the client to follow the new leader", func() bool {
 		if _, err := c.Check(ctx, "ns", [][]byte{[]byte("2")}, client.Linearizable); err != nil {
 			return false
 		}
@@ -356,7 +357,7 @@ func TestNamespaceRoundTrip(t *testing.T) {
 // Status goes to the leader and teaches the client every member; StatusOf
 // asks one node.
 func TestStatusLearnsMembers(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	li, err := cl.WaitLeader(ctx)
 	if err != nil {

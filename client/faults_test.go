@@ -7,23 +7,19 @@ package client_test
 // Nothing here answers in a node's place: every reply that reaches a client
 // was produced by the real server (or is a transport error the test
 // injected on purpose). demo.StartCluster has no ServerOptions hook, hence
-// startNodes.
+// startNodes (on testcluster.Start).
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/server"
 )
 
@@ -128,107 +124,26 @@ type realNode struct {
 	faults *faults
 }
 
-// startNodes starts n real nodes bootstrapped from a static peer list, each
-// with its own fault injector, with demo.StartCluster's Raft timings
-// (stable on two loaded cores under -race). tune, if not nil, adjusts every
-// node's config. It waits until a ready leader is known to every node,
-// returns the nodes and the leader's index, and closes every node at
-// cleanup.
+// startNodes starts n real nodes (testcluster.Start), each with its own
+// fault injector and namespaces created on first use. tune, if not nil,
+// adjusts every node's config. It waits until a ready leader is known to
+// every node, returns the nodes and the leader's index, and closes every
+// node at cleanup.
 func startNodes(t *testing.T, n int, tune func(*server.Config)) ([]*realNode, int) {
 	t.Helper()
-	const election = 500 * time.Millisecond
-	dir := t.TempDir()
 	nodes := make([]*realNode, n)
-	cfgs := make([]server.Config, n)
-	var peers []cluster.Peer
-	for i := range n {
-		id := fmt.Sprintf("n%d", i+1)
-		g, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			g.Close()
-			t.Fatal(err)
-		}
+	srvs, leader := testcluster.Start(t, n, func(i int, cfg *server.Config) {
 		f := newFaults()
-		nodes[i] = &realNode{id: id, addr: g.Addr().String(), faults: f}
-		cfgs[i] = server.Config{
-			Cluster: cluster.Config{
-				NodeID:             id,
-				DataDir:            filepath.Join(dir, id),
-				RaftListener:       r,
-				GRPCAddr:           g.Addr().String(),
-				HeartbeatTimeout:   election,
-				ElectionTimeout:    election,
-				LeaderLeaseTimeout: election / 2,
-				TickInterval:       200 * time.Millisecond,
-				PromoteAfter:       election,
-			},
-			Listener:             g,
-			AutoCreateNamespaces: true,
-			ServerOptions:        []grpc.ServerOption{grpc.ChainUnaryInterceptor(f.intercept)},
-		}
-		peers = append(peers, cluster.Peer{ID: id, RaftAddr: r.Addr().String(), GRPCAddr: g.Addr().String()})
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		for _, nd := range nodes {
-			if nd.srv == nil {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := nd.srv.Close(ctx); err != nil {
-					t.Logf("close %s: %v", nd.id, err)
-				}
-			}()
-		}
-		wg.Wait()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range nodes {
-		cfgs[i].Cluster.Peers = peers
+		nodes[i] = &realNode{id: cfg.Cluster.NodeID, addr: cfg.Cluster.GRPCAddr, faults: f}
+		cfg.AutoCreateNamespaces = true
+		cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(f.intercept))
 		if tune != nil {
-			tune(&cfgs[i])
+			tune(cfg)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			nodes[i].srv, errs[i] = server.Start(ctx, cfgs[i])
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("start %s: %v", nodes[i].id, err)
-		}
-	}
-	leader := -1
-	waitFor(t, 60*time.Second, "a ready leader known to every node", func() bool {
-		leader = -1
-		for i, nd := range nodes {
-			if nd.srv.Node().IsLeader() && nd.srv.Node().Healthy() {
-				leader = i
-			}
-		}
-		if leader < 0 {
-			return false
-		}
-		for _, nd := range nodes {
-			if id, _, _ := nd.srv.Node().Leader(); id != nodes[leader].id || !nd.srv.Node().Healthy() {
-				return false
-			}
-		}
-		return true
 	})
+	for i, s := range srvs {
+		nodes[i].srv = s
+	}
 	return nodes, leader
 }
 

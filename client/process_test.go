@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 func TestProcessRunsOnceThenDuplicate(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 
@@ -44,7 +45,7 @@ func TestProcessRunsOnceThenDuplicate(t *testing.T) {
 // A failed fn releases the lease: the redelivery runs at once (no wait for
 // the lease to expire).
 func TestProcessFailureReleasesForTheRedelivery(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	boom := errors.New("payment gateway down")
@@ -61,7 +62,7 @@ func TestProcessFailureReleasesForTheRedelivery(t *testing.T) {
 // While one caller processes, another gets in_progress and does not run
 // fn; a panic in fn releases the lease and is re-raised.
 func TestProcessInProgressAndPanic(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 
@@ -108,7 +109,7 @@ func TestProcessInProgressAndPanic(t *testing.T) {
 // The lease is renewed while fn runs: fn outlives the lease several times
 // over and still commits, and meanwhile nobody else can claim the ID.
 func TestProcessRenewsTheLeaseWhileFnRuns(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	var log rpcLog
 	c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
@@ -118,7 +119,7 @@ func TestProcessRenewsTheLeaseWhileFnRuns(t *testing.T) {
 	start := time.Now()
 	res, err := c.Process(ctx, "proc", []byte("evt-5"), func(fctx context.Context) error {
 		// Run past twice the lease, with at least three renewals.
-		waitFor(t, 30*time.Second, "three lease renewals and two lease lengths", func() bool {
+		testcluster.WaitFor(t, 30*time.Second, "three lease renewals and two lease lengths", func() bool {
 			if time.Since(start) < 2*lease {
 				return false
 			}
@@ -151,7 +152,7 @@ func TestProcessRenewsTheLeaseWhileFnRuns(t *testing.T) {
 // the next renewal says so, fn's context is cancelled with ErrLeaseLost,
 // and Process reports lease_lost.
 func TestProcessLeaseLostCancelsFn(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	started := make(chan struct{})
@@ -182,7 +183,7 @@ func TestProcessLeaseLostCancelsFn(t *testing.T) {
 }
 
 func TestProcessConflictOnOtherDigest(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 60*time.Second)
 	c := newClient(t, cl.Addrs())
 	nop := func(context.Context) error { return nil }
@@ -202,7 +203,7 @@ func TestProcessConflictOnOtherDigest(t *testing.T) {
 // Many goroutines process overlapping IDs through one Batcher: each ID's
 // fn runs exactly once, and the claims share RPCs.
 func TestProcessBatchedManyGoroutinesEachIDOnce(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
 	c := newClient(t, cl.Addrs())
 	b := c.NewBatcher()

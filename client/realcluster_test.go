@@ -1,7 +1,7 @@
 package client_test
 
-// Helpers for tests against real in-process nodes (demo.Cluster wraps
-// server.Start: real Raft, Pebble and gRPC on loopback ports from :0).
+// Helpers for tests against real in-process nodes (internal/testcluster:
+// real Raft, Pebble and gRPC on loopback ports from :0).
 
 import (
 	"context"
@@ -14,58 +14,19 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
-func startCluster(t *testing.T) *demo.Cluster {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.Close(ctx); err != nil {
-			t.Logf("close cluster: %v", err)
-		}
-	})
-	return c
-}
-
-// patientRetry rides out an election on two loaded cores.
-var patientRetry = client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond)
-
+// newClient is testcluster.Client with a 5s per-call timeout.
 func newClient(t *testing.T, addrs []string, opts ...client.Option) *client.Client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.New(ctx, addrs, append([]client.Option{patientRetry, client.WithTimeout(5 * time.Second)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return testcluster.Client(t, addrs, append([]client.Option{client.WithTimeout(5 * time.Second)}, opts...)...)
 }
 
 func testCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // rpcLog records the unary RPCs a client sends: method, target and request.

@@ -15,6 +15,7 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 // killAfterApply returns a dial option that lets the first call of method
@@ -48,7 +49,7 @@ func killAfterApply(t *testing.T, c *demo.Cluster, method string, fired *atomic.
 // retried by the client with the same request token against the new leader
 // and returns the original NEW, not DUPLICATE.
 func TestInvariant7LeaderKilledBetweenApplyAndReplyRetryReturnsOriginalNew(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
 	var fired atomic.Bool
 	var log rpcLog
@@ -95,7 +96,7 @@ func TestInvariant7LeaderKilledBetweenApplyAndReplyRetryReturnsOriginalNew(t *te
 	if err := cl.Restart(ctx, indexOf(cl.Addrs(), marks[0].target)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the restarted node to see the mark", func() bool {
+	testcluster.WaitFor(t, 60*time.Second, "the restarted node to see the mark", func() bool {
 		r, err := other.Check(ctx, "orders", [][]byte{[]byte("order-457-created")}, client.Stale)
 		return err == nil && r[0].Code == client.CodeSeen && other.Leader() != ""
 	})
@@ -104,7 +105,7 @@ func TestInvariant7LeaderKilledBetweenApplyAndReplyRetryReturnsOriginalNew(t *te
 // The same for Claim: the retry returns ACQUIRED with the original fencing
 // token, so the caller can commit what it processes.
 func TestInvariant7LeaderKilledBetweenClaimAndReplyRetryReturnsAcquired(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
 	var fired atomic.Bool
 	c := newClient(t, cl.Addrs(), client.WithDialOptions(killAfterApply(t, cl, "/dedup.v1.Dedup/Claim", &fired)))
@@ -134,7 +135,7 @@ func TestInvariant7LeaderKilledBetweenClaimAndReplyRetryReturnsAcquired(t *testi
 // exactly one of the two got NEW. A retry that lost its token would turn
 // the winner's NEW into DUPLICATE and leave an ID with no winner.
 func TestInvariant1BatchedRaceAcrossLeaderKillHasExactlyOneWinner(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 120*time.Second)
 	const n = 300
 	idList := ids("race", n)
@@ -161,7 +162,7 @@ func TestInvariant1BatchedRaceAcrossLeaderKillHasExactlyOneWinner(t *testing.T) 
 			}()
 		}
 	}
-	waitFor(t, 60*time.Second, "some marks to complete before the kill", func() bool { return done.Load() >= n/4 })
+	testcluster.WaitFor(t, 60*time.Second, "some marks to complete before the kill", func() bool { return done.Load() >= n/4 })
 	killed, err := cl.KillLeader(ctx)
 	if err != nil {
 		t.Fatal(err)

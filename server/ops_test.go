@@ -20,28 +20,14 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/server"
 )
 
 // plainConfig is a node on loopback without TLS, with fast Raft timeouts.
 func plainConfig(t *testing.T, id, dataDir string) server.Config {
 	t.Helper()
-	raftLn, grpcLn := listenTCP(t), listenTCP(t)
-	return server.Config{
-		Cluster: cluster.Config{
-			NodeID:             id,
-			DataDir:            dataDir,
-			RaftListener:       raftLn,
-			RaftAddr:           raftLn.Addr().String(),
-			GRPCAddr:           grpcLn.Addr().String(),
-			HeartbeatTimeout:   500 * time.Millisecond,
-			ElectionTimeout:    500 * time.Millisecond,
-			LeaderLeaseTimeout: 250 * time.Millisecond,
-			TickInterval:       200 * time.Millisecond,
-			PromoteAfter:       500 * time.Millisecond,
-		},
-		Listener: grpcLn,
-	}
+	return testcluster.Config(t, id, dataDir)
 }
 
 func dialPlain(t *testing.T, addr string) *grpc.ClientConn {

@@ -23,6 +23,7 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/auth"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/dedupnode/dedupnode/server"
 )
@@ -89,37 +90,20 @@ func secureConfig(t *testing.T, p securePKI, id, dataDir string, raftLn, grpcLn 
 		t.Fatal(err)
 	}
 	authz := &auth.Authorizer{Tokens: store, TrustNodeCertificates: true, NodeRoots: roots}
-	return server.Config{
-		Cluster: cluster.Config{
-			NodeID:             id,
-			DataDir:            dataDir,
-			RaftListener:       raftLn,
-			RaftAddr:           raftLn.Addr().String(),
-			GRPCAddr:           grpcLn.Addr().String(),
-			HeartbeatTimeout:   500 * time.Millisecond,
-			ElectionTimeout:    500 * time.Millisecond,
-			LeaderLeaseTimeout: 250 * time.Millisecond,
-			TickInterval:       200 * time.Millisecond,
-			PromoteAfter:       500 * time.Millisecond,
-			WrapRaftStream: func(inner raft.StreamLayer) raft.StreamLayer {
-				return security.WrapStreamLayer(inner, rsrv, rcli)
-			},
-		},
-		Listener: grpcLn,
-		ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)),
-			grpc.ChainUnaryInterceptor(authz.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())},
-		DialOptions:   []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))},
-		AdminListener: listenTCP(t),
+	cfg := testcluster.ConfigOn(id, dataDir, raftLn, grpcLn)
+	cfg.Cluster.WrapRaftStream = func(inner raft.StreamLayer) raft.StreamLayer {
+		return security.WrapStreamLayer(inner, rsrv, rcli)
 	}
+	cfg.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)),
+		grpc.ChainUnaryInterceptor(authz.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())}
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}
+	cfg.AdminListener = listenTCP(t)
+	return cfg
 }
 
 func listenTCP(t *testing.T) net.Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
+	return testcluster.Listen(t)
 }
 
 func startNode(t *testing.T, cfg server.Config) *server.Server {

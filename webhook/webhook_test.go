@@ -14,39 +14,13 @@ import (
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/webhook"
 )
 
-func startCluster(t *testing.T) *demo.Cluster {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cl, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cl.Close(ctx)
-	})
-	return cl
-}
-
 func newBatcher(t *testing.T, cl *demo.Cluster, opts ...client.Option) *client.Batcher {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.New(ctx, cl.Addrs(), append([]client.Option{client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := c.NewBatcher()
-	t.Cleanup(func() {
-		b.Close()
-		c.Close()
-	})
-	return b
+	return testcluster.Batcher(t, cl.Addrs(), opts...)
 }
 
 // upstream is a real HTTP endpoint counting deliveries per event, failing
@@ -138,7 +112,7 @@ func deliver(t *testing.T, srv *httptest.Server, id, body string) answer {
 }
 
 func TestProxyFirstDeliveryGoesUpstreamDuplicatesAnsweredAtOnce(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	u := newUpstream(t)
 	srv := startProxy(t, newBatcher(t, cl), u, nil)
 
@@ -177,7 +151,7 @@ func TestProxyFirstDeliveryGoesUpstreamDuplicatesAnsweredAtOnce(t *testing.T) {
 // A non-2xx answer releases the claim: the sender's retry goes upstream at
 // once (not after the lease), and its success is committed.
 func TestProxyUpstreamFailureLetsTheRetrySucceed(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	u := newUpstream(t)
 	u.fail["evt-2"] = 2
 	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
@@ -201,7 +175,7 @@ func TestProxyUpstreamFailureLetsTheRetrySucceed(t *testing.T) {
 
 // A timeout upstream answers 504 and releases; the retry succeeds.
 func TestProxyUpstreamTimeoutReleases(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	u := newUpstream(t)
 	block := make(chan struct{})
 	u.block["evt-3"] = block
@@ -223,7 +197,7 @@ func TestProxyUpstreamTimeoutReleases(t *testing.T) {
 // A duplicate arriving while the first delivery is still upstream gets
 // 409 with Retry-After; after the first succeeds, retries are duplicates.
 func TestProxyConcurrentDuplicateGets409WithRetryAfter(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	u := newUpstream(t)
 	block := make(chan struct{})
 	u.block["evt-4"] = block
@@ -259,7 +233,7 @@ func TestProxyConcurrentDuplicateGets409WithRetryAfter(t *testing.T) {
 // field; with the store down, deliveries get 503 + Retry-After and never
 // reach the handler.
 func TestMiddlewareJSONFieldAndStoreUnavailable(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	var mu sync.Mutex
 	hits := map[string]int{}
 	mw, err := webhook.Middleware(webhook.Config{

@@ -15,6 +15,7 @@ import (
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/natsdedup"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 type env struct {
@@ -25,17 +26,7 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cl, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cl.Close(ctx)
-	})
+	cl := testcluster.Demo(t)
 	ns, err := demo.StartNATS(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -55,29 +46,7 @@ func setup(t *testing.T) *env {
 
 func (e *env) batcher(t *testing.T) *client.Batcher {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.New(ctx, e.cluster.Addrs(), client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := c.NewBatcher()
-	t.Cleanup(func() {
-		b.Close()
-		c.Close()
-	})
-	return b
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testcluster.Batcher(t, e.cluster.Addrs())
 }
 
 // publish sends one message; with id it sets Nats-Msg-Id and, should the
@@ -90,7 +59,7 @@ func publish(t *testing.T, ctx context.Context, js jetstream.JetStream, id strin
 	if id != "" {
 		msg.Header.Set(jetstream.MsgIDHeader, id)
 	}
-	waitFor(t, 30*time.Second, "JetStream to store "+id, func() bool {
+	testcluster.WaitFor(t, 30*time.Second, "JetStream to store "+id, func() bool {
 		ack, err := js.PublishMsg(ctx, msg)
 		if err != nil {
 			t.Fatalf("publish %s: %v", id, err)
@@ -225,7 +194,7 @@ func TestJetStreamRedeliveriesTakeEffectOnce(t *testing.T) {
 		publish(t, ctx, e.js, "", fmt.Appendf(nil, "plain-%d", k))
 	}
 	// The same ID reused for another payload: terminated, not acked.
-	waitFor(t, 60*time.Second, "evt-0 to take effect", func() bool {
+	testcluster.WaitFor(t, 60*time.Second, "evt-0 to take effect", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return effects["evt-0"] == 1
@@ -233,7 +202,7 @@ func TestJetStreamRedeliveriesTakeEffectOnce(t *testing.T) {
 	conflict, _ := json.Marshal(payload{ID: "evt-0", Amount: 999})
 	publish(t, ctx, e.js, "evt-0", conflict)
 
-	waitFor(t, 90*time.Second, "every message acknowledged", func() bool {
+	testcluster.WaitFor(t, 90*time.Second, "every message acknowledged", func() bool {
 		info, err := cons.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -312,7 +281,7 @@ func TestIDFuncsAndMissingIDTerminates(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cc.Stop)
-	waitFor(t, 30*time.Second, "three deliveries", func() bool {
+	testcluster.WaitFor(t, 30*time.Second, "three deliveries", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) == 3

@@ -16,49 +16,12 @@ import (
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/watermilldedup"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
-
-func startCluster(t *testing.T) *demo.Cluster {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cl, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cl.Close(ctx)
-	})
-	return cl
-}
 
 func newBatcher(t *testing.T, cl *demo.Cluster) *client.Batcher {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.New(ctx, cl.Addrs(), client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := c.NewBatcher()
-	t.Cleanup(func() {
-		b.Close()
-		c.Close()
-	})
-	return b
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testcluster.Batcher(t, cl.Addrs())
 }
 
 // ledger counts effects per message UUID and handled deliveries.
@@ -171,7 +134,7 @@ func newPubSub(t *testing.T) *gochannel.GoChannel {
 // the claim/commit middleware every payment takes effect exactly once, the
 // failed ones included.
 func TestMiddlewareEffectsOnceAcrossInstancesRetriesAndFailures(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	pubSub := newPubSub(t)
 	l := newLedger()
 	startRouters(t, pubSub, l, 2, func(int) message.HandlerMiddleware {
@@ -181,7 +144,7 @@ func TestMiddlewareEffectsOnceAcrossInstancesRetriesAndFailures(t *testing.T) {
 	published := publishAll(t, pubSub)
 
 	// Every delivery to each instance ends acked: published × 2.
-	waitFor(t, 60*time.Second, "every delivery acked", func() bool {
+	testcluster.WaitFor(t, 60*time.Second, "every delivery acked", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.acked == 2*published
@@ -208,7 +171,7 @@ func TestMiddlewareEffectsOnceAcrossInstancesRetriesAndFailures(t *testing.T) {
 // redelivery a "duplicate" and the failed payments never take effect —
 // the reason Middleware claims instead.
 func TestRepositorySharedWindowAndTheMarkBeforeHandlePitfall(t *testing.T) {
-	cl := startCluster(t)
+	cl := testcluster.Demo(t)
 	pubSub := newPubSub(t)
 	l := newLedger()
 	repo, err := watermilldedup.NewRepository(newBatcher(t, cl), "payments-window", time.Hour)
@@ -220,7 +183,7 @@ func TestRepositorySharedWindowAndTheMarkBeforeHandlePitfall(t *testing.T) {
 		return d.Middleware
 	})
 	published := publishAll(t, pubSub)
-	waitFor(t, 60*time.Second, "every delivery acked", func() bool {
+	testcluster.WaitFor(t, 60*time.Second, "every delivery acked", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.acked == 2*published

@@ -1,0 +1,193 @@
+// Package testcluster starts real in-process dedupnode nodes for tests:
+// server.Start (real Raft, Pebble and gRPC) on loopback ports from
+// 127.0.0.1:0, closed when the test ends. It imports server, so only
+// tests outside package server (including server_test) may use it.
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/server"
+)
+
+// Election is the Raft election (and heartbeat) timeout of nodes started
+// here: demo.StartCluster's, stable on two loaded cores under -race.
+const Election = 500 * time.Millisecond
+
+// Demo starts a demo.Cluster (three nodes, namespaces created on first
+// use) in a temporary directory and closes it at cleanup.
+func Demo(t testing.TB) *demo.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.Close(ctx); err != nil {
+			t.Logf("close cluster: %v", err)
+		}
+	})
+	return c
+}
+
+// PatientRetry rides out an election on two loaded cores.
+var PatientRetry = client.WithRetry(100, 20*time.Millisecond, 500*time.Millisecond)
+
+// Client connects to addrs with PatientRetry followed by opts, and closes
+// the client at cleanup.
+func Client(t testing.TB, addrs []string, opts ...client.Option) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, addrs, append([]client.Option{PatientRetry}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Batcher is Client's Batcher; it is closed at cleanup, before the client.
+func Batcher(t testing.TB, addrs []string, opts ...client.Option) *client.Batcher {
+	t.Helper()
+	b := Client(t, addrs, opts...).NewBatcher()
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// WaitFor polls cond until it holds, failing the test after d.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Listen opens a TCP listener on a free loopback port.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// ConfigOn is a node's config without TLS, serving Raft on raftLn and
+// gRPC on grpcLn, with Election-based Raft timings.
+func ConfigOn(id, dataDir string, raftLn, grpcLn net.Listener) server.Config {
+	return server.Config{
+		Cluster: cluster.Config{
+			NodeID:             id,
+			DataDir:            dataDir,
+			RaftListener:       raftLn,
+			RaftAddr:           raftLn.Addr().String(),
+			GRPCAddr:           grpcLn.Addr().String(),
+			HeartbeatTimeout:   Election,
+			ElectionTimeout:    Election,
+			LeaderLeaseTimeout: Election / 2,
+			TickInterval:       200 * time.Millisecond,
+			PromoteAfter:       Election,
+		},
+		Listener: grpcLn,
+	}
+}
+
+// Config is ConfigOn with fresh loopback listeners.
+func Config(t testing.TB, id, dataDir string) server.Config {
+	t.Helper()
+	return ConfigOn(id, dataDir, Listen(t), Listen(t))
+}
+
+// Start starts n nodes n1..nN bootstrapped from a static peer list, with
+// Config's settings; tune, if not nil, adjusts node i's config (peers
+// already set) before it starts. It waits until a ready leader is known to
+// every node, returns the servers and the leader's index, and closes every
+// node at cleanup.
+func Start(t testing.TB, n int, tune func(i int, cfg *server.Config)) ([]*server.Server, int) {
+	t.Helper()
+	dir := t.TempDir()
+	cfgs := make([]server.Config, n)
+	var peers []cluster.Peer
+	for i := range n {
+		id := fmt.Sprintf("n%d", i+1)
+		cfgs[i] = Config(t, id, filepath.Join(dir, id))
+		peers = append(peers, cluster.Peer{ID: id, RaftAddr: cfgs[i].Cluster.RaftAddr, GRPCAddr: cfgs[i].Cluster.GRPCAddr})
+	}
+	srvs := make([]*server.Server, n)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for i, s := range srvs {
+			if s == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Close(ctx); err != nil {
+					t.Logf("close %s: %v", cfgs[i].Cluster.NodeID, err)
+				}
+			}()
+		}
+		wg.Wait()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range cfgs {
+		cfgs[i].Cluster.Peers = peers
+		if tune != nil {
+			tune(i, &cfgs[i])
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srvs[i], errs[i] = server.Start(ctx, cfgs[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("start %s: %v", cfgs[i].Cluster.NodeID, err)
+		}
+	}
+	leader := -1
+	WaitFor(t, 60*time.Second, "a ready leader known to every node", func() bool {
+		leader = -1
+		for i, s := range srvs {
+			if s.Node().IsLeader() && s.Node().Healthy() {
+				leader = i
+			}
+		}
+		if leader < 0 {
+			return false
+		}
+		for _, s := range srvs {
+			if id, _, _ := s.Node().Leader(); id != cfgs[leader].Cluster.NodeID || !s.Node().Healthy() {
+				return false
+			}
+		}
+		return true
+	})
+	return srvs, leader
+}
