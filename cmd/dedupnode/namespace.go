@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -125,6 +126,23 @@ window) is a namespace whose TTL is the window.`,
 		return printNamespaces(e.stdout, f.output, nss)
 	}
 
+	// writeNS is create's and update's RunE: the namespace named by the
+	// argument with s's settings, sent with op.
+	writeNS := func(f *clientFlags, s *nsSettings, op func(*client.Client, context.Context, client.Namespace) (client.Namespace, error)) func(*cobra.Command, []string) error {
+		return runE(func(cmd *cobra.Command, args []string) error {
+			ns, err := s.namespace(args[0])
+			if err != nil {
+				return err
+			}
+			return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
+				ctx, cancel := f.withTimeout(e.ctx)
+				defer cancel()
+				n, err := op(c, ctx, ns)
+				return []client.Namespace{n}, err
+			})
+		})
+	}
+
 	{
 		f, s := &clientFlags{}, &nsSettings{}
 		c := &cobra.Command{
@@ -132,18 +150,7 @@ window) is a namespace whose TTL is the window.`,
 			Short:   "Create a namespace",
 			Example: ex(`  dedupnode namespace create orders --ttl 24h --max-ttl 7d --lease 30s`),
 			Args:    cobra.ExactArgs(1),
-			RunE: runE(func(cmd *cobra.Command, args []string) error {
-				ns, err := s.namespace(args[0])
-				if err != nil {
-					return err
-				}
-				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
-					ctx, cancel := f.withTimeout(e.ctx)
-					defer cancel()
-					n, err := c.CreateNamespace(ctx, ns)
-					return []client.Namespace{n}, err
-				})
-			}),
+			RunE:    writeNS(f, s, (*client.Client).CreateNamespace),
 		}
 		f.register(c)
 		s.register(c, false)
@@ -156,18 +163,7 @@ window) is a namespace whose TTL is the window.`,
 			Short:   "Change a namespace's settings (flags not given keep their value)",
 			Example: ex(`  dedupnode namespace update orders --ttl 48h`),
 			Args:    cobra.ExactArgs(1),
-			RunE: runE(func(cmd *cobra.Command, args []string) error {
-				ns, err := s.namespace(args[0])
-				if err != nil {
-					return err
-				}
-				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
-					ctx, cancel := f.withTimeout(e.ctx)
-					defer cancel()
-					n, err := c.UpdateNamespace(ctx, ns)
-					return []client.Namespace{n}, err
-				})
-			}),
+			RunE:    writeNS(f, s, (*client.Client).UpdateNamespace),
 		}
 		f.register(c)
 		s.register(c, true)
