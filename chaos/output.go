@@ -65,8 +65,8 @@ func (r *Result) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the run and the checker's report for people.
 func (r *Result) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "chaos run: mode %s, %d nodes, %d clients, %.0fs under faults (%.0fs in all), seed %d\n",
-		r.Mode, r.Nodes, r.Clients, r.WorkloadSeconds, r.TotalSeconds, r.Seed)
+	fmt.Fprintf(w, "chaos run: mode %s, %s, %s, %.0fs under faults (%.0fs in all), seed %d\n",
+		r.Mode, count(r.Nodes, "node"), count(r.Clients, "client"), r.WorkloadSeconds, r.TotalSeconds, r.Seed)
 	fmt.Fprintf(w, "cluster:   %s\n", r.Cluster)
 	if len(r.FaultKinds) > 0 {
 		fmt.Fprintf(w, "faults:    %s\n", strings.Join(r.FaultKinds, ", "))
@@ -100,4 +100,12 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "RESULT: FAIL (%d violations: %s)\n", r.Report.Total(), r.Report.Summary())
 	return err
+}
+
+// count is "1 node", "3 nodes".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

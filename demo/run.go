@@ -253,6 +253,9 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 			}
 		}()
 		sum.Cluster = fmt.Sprintf("%d nodes in this process", cfg.Nodes)
+		if cfg.Nodes == 1 {
+			sum.Cluster = "1 node in this process"
+		}
 		cfg.Addrs = r.cl.Addrs()
 	}
 	r.addrs = cfg.Addrs

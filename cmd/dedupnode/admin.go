@@ -85,6 +85,7 @@ starting or restarting a node, before taking down the next one.`,
 		}),
 	}
 	f.register(cmd)
+	cmd.Flags().Lookup("timeout").Usage = "give up after this `DURATION`: asking the nodes of --addr, or with --wait, waiting for the node to catch up"
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until the first node of --addr knows a leader and has applied the log up to the leader's commit index as of the wait's start (caught up)")
 	return cmd
 }

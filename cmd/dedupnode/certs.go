@@ -97,6 +97,7 @@ func newCertsCmd() *cobra.Command {
 	fs.StringVar(&client, "client-name", "client", "common `NAME` of the client certificate (files are always client.crt and client.key)")
 	fs.BoolVar(&noClient, "no-client", false, "do not create client.crt and client.key")
 	fs.BoolVar(&force, "force", false, "overwrite existing node and client files (the CA is always reused when present)")
-	fs.DurationVar(&validity, "validity", security.DefaultCertValidity, "validity `DURATION` of the node and client certificates (capped at the CA's expiry)")
+	validity = security.DefaultCertValidity
+	fs.Var(durationValue{&validity}, "validity", "validity `DURATION` of the node and client certificates (capped at the CA's expiry)")
 	return cmd
 }

@@ -135,15 +135,16 @@ func newChaosCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&cfg.Mode, "mode", chaos.ModeProcess, "`MODE`: process (local processes) or docker (the compose cluster)")
-	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "how long the workload runs under faults (healing, catching up and checking come on top)")
+	cfg.Duration = time.Minute
+	fs.Var(durationValue{&cfg.Duration}, "duration", "how long (`DURATION`) the workload runs under faults (healing, catching up and checking come on top)")
 	fs.IntVar(&cfg.Nodes, "nodes", 3, "cluster size `N` (docker: 3 or 5)")
 	fs.IntVar(&cfg.Workload.Clients, "clients", 8, "concurrent clients `N`")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (table) or json")
 	fs.StringSliceVar(&faults, "faults", nil, "fault `KINDS` to draw from, comma-separated (default: all the mode supports)")
 	fs.BoolVar(&cfg.NoFaults, "no-faults", false, "run the workload without faults (a baseline)")
-	fs.DurationVar(&hold, "hold", 0, "mean time a fault lasts (default 5.5s: 3-8s)")
-	fs.DurationVar(&rest, "rest", 0, "mean quiet time between faults (default 3.5s: 2-5s)")
-	fs.DurationVar(&cfg.Workload.Lease, "lease", 2*time.Second, "lease of the workload's claims (short, so that leases expire during the run)")
+	fs.DurationVar(&hold, "hold", 0, "mean `DURATION` a fault lasts (default 5.5s: 3-8s)")
+	fs.DurationVar(&rest, "rest", 0, "mean quiet `DURATION` between faults (default 3.5s: 2-5s)")
+	fs.DurationVar(&cfg.Workload.Lease, "lease", 2*time.Second, "lease `DURATION` of the workload's claims (short, so that leases expire during the run)")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "random `SEED` for faults and workload (default: the time)")
 	fs.StringVar(&cfg.HistoryFile, "history", "", "write the whole history to `FILE` (always written, next to the violation file, on a violation)")
 	fs.StringVar(&cfg.ViolationFile, "violation-file", "", "write the smallest offending history to `FILE` (default chaos-violation-<time>.json)")
@@ -184,9 +185,12 @@ func newChaosCheckCmd() *cobra.Command {
 		Use:   "check HISTORY.json",
 		Short: "Check a history written by a chaos run again",
 		Long: `Check reads a history written by 'dedupnode chaos' (--history, or the files
-written on a violation) and checks it against the invariants again. It exits
+written on a violation) and checks it against the guarantees again (README, section Guarantees). It exits
 1 when a violation is found, after writing the smallest offending history to
 --violation-file when given.`,
+		Example: `  dedupnode chaos --duration 30s --history run.json && dedupnode chaos check run.json
+  dedupnode chaos check .chaos/violation.json            # the smallest offending history of a failed CI run
+  dedupnode chaos check --output json chaos-violation-20260101-120000.json`,
 		Args: cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			if output != "text" && output != "json" {

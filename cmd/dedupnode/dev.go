@@ -71,10 +71,10 @@ func newDevCmd(e *env) *cobra.Command {
 		}),
 	}
 	fs := cmd.Flags()
-	fs.IntVar(&f.nodes, "nodes", 3, fmt.Sprintf("number of nodes, 1 to %d", devMaxNodes))
+	fs.IntVar(&f.nodes, "nodes", 3, fmt.Sprintf("number of nodes `N`, 1 to %d", devMaxNodes))
 	fs.StringVar(&f.dataDir, "data-dir", "", "keep the nodes' data in `DIR` (default: a temporary folder deleted on exit)")
 	fs.IntVar(&f.basePort, "base-port", devDefaultBasePort, "gRPC `PORT` of the first node; node i uses PORT+i (gRPC) and PORT+100+i (Raft); 0 = free ports from the OS")
-	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs accepted in one request")
+	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.StringVar(&f.logLevel, "log-level", "error", "node log `LEVEL` on stderr: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
 	return cmd
@@ -308,7 +308,11 @@ func printDev(w io.Writer, prog, dir string, temp bool, nodes []devNode, leader 
 	if temp {
 		kept = "deleted on exit"
 	}
-	fmt.Fprintf(w, "dedupnode dev: %d nodes on loopback, data in %s (%s)\n", len(nodes), dir, kept)
+	plural := "s"
+	if len(nodes) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(w, "dedupnode dev: %d node%s on loopback, data in %s (%s)\n", len(nodes), plural, dir, kept)
 	addrs := make([]string, len(nodes))
 	for i, n := range nodes {
 		addrs[i] = n.GRPC

@@ -68,11 +68,18 @@ reused the ID). The record lives --ttl (default: the namespace's TTL).`,
 			name:  "check",
 			short: "Read-only: is each ID recorded (seen) or not (not_seen)?",
 			long: `Check reports for each ID whether it is recorded and not expired ("seen")
-or not ("not_seen"), without recording anything. By default it is
-linearizable: a check that starts after a mark was acknowledged never answers
-not_seen for it. --consistency stale answers from the contacted node alone:
-faster, but it may miss the last moments of replication.`,
+or not ("not_seen"), without recording anything. An ID under a live claim
+lease (claimed, not yet committed or released) answers "seen" too, with
+state=leased in the text output (state "leased" in JSON; "committed" once
+committed): someone is processing it. By default check is linearizable: a
+check that starts after a mark was acknowledged never answers not_seen for
+it. --consistency stale answers from the contacted node alone: faster, but
+it may miss the last moments of replication.`,
 			example: `  dedupnode check --addr 127.0.0.1:7070 order-1 order-3
+  #   order-1	seen	expires_at=...
+  #   order-3	not_seen
+  dedupnode check job-1                     # claimed, not yet committed
+  #   job-1	seen	state=leased	fencing_token=10	expires_at=...
   dedupnode check --consistency stale order-1
   dedupnode check --output json order-1`,
 			consistency: true,
@@ -221,7 +228,7 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		fs.Var(durationValue{&f.lease}, "lease", "lease `DURATION`, e.g. 30s, 5m (default: the namespace's lease)")
 	}
 	if o.consistency {
-		fs.StringVar(&f.consistency, "consistency", "linearizable", "linearizable (never misses an acknowledged mark) or stale (answer from the contacted node alone)")
+		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark) or stale (answer from the contacted node alone)")
 	}
 	if o.fencing {
 		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")

@@ -341,7 +341,7 @@ admin right on the namespace when the cluster runs with tokens.`,
 		}),
 	}
 	f.register(cmd)
-	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "namespace to export (default \"default\")")
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "`NAMESPACE` to export (default \"default\")")
 	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (default stdout)")
 	return cmd
 }
@@ -482,10 +482,11 @@ import twice is harmless (the second run reports duplicates).`,
 	}
 	f.register(cmd)
 	fs := cmd.Flags()
-	fs.StringVarP(&namespace, "namespace", "n", "", "namespace to load into (default \"default\")")
-	fs.Var(durationValue{&ttl}, "ttl", "TTL of lines that give none (e.g. 24h, 7d); default: the namespace's default TTL")
-	fs.DurationVar(&granularity, "ttl-granularity", time.Minute, "round per-ID TTLs up to a multiple of this `DURATION`, so IDs with nearby expiries share a request")
-	fs.IntVar(&batch, "batch", 1000, "IDs per request")
+	fs.StringVarP(&namespace, "namespace", "n", "", "`NAMESPACE` to load into (default \"default\")")
+	fs.Var(durationValue{&ttl}, "ttl", "TTL `DURATION` of lines that give none (e.g. 24h, 7d); default: the namespace's default TTL")
+	granularity = time.Minute
+	fs.Var(durationValue{&granularity}, "ttl-granularity", "round per-ID TTLs up to a multiple of this `DURATION`, so IDs with nearby expiries share a request")
+	fs.IntVar(&batch, "batch", 1000, "send at most `N` IDs per request")
 	fs.BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
 	return cmd
 }
