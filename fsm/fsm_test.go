@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
 )
 
 // harness feeds commands to an FSM as the Raft log would.
@@ -257,18 +259,27 @@ func TestClaimCommitReleaseAndLeaseExpiry(t *testing.T) {
 
 func TestUnknownNamespaceAppliesNothing(t *testing.T) {
 	h := newHarness(t)
-	before, _ := h.f.Digest()
 	r := h.apply(t0, Op{Kind: OpMark, Namespace: "nope", Items: []Item{{ID: []byte("a")}}})
-	if r.Ops[0].Err == nil {
-		t.Fatal("want error")
+	if !errors.Is(r.Ops[0].Err, ErrNamespaceNotFound) {
+		t.Fatalf("want ErrNamespaceNotFound, got %v", r.Ops[0].Err)
 	}
-	if _, err := h.f.Check("nope", [][]byte{[]byte("a")}, t0); err == nil {
-		t.Fatal("check of unknown namespace: want error")
+	if _, err := h.f.Check("nope", [][]byte{[]byte("a")}, t0); !errors.Is(err, ErrNamespaceNotFound) {
+		t.Fatalf("check of unknown namespace: want ErrNamespaceNotFound, got %v", err)
 	}
-	after, _ := h.f.Digest()
-	// Only the applied index and timestamp may differ; no record appears.
-	if h.f.Stats().IDsStored != 0 || bytes.Equal(before, after) == false && h.f.Stats().Buckets != 0 {
-		t.Fatalf("something was stored: %+v", h.f.Stats())
+	// Only metadata (applied index, timestamp) may change: no record, no
+	// bucket, no namespace appears.
+	for _, prefix := range []byte{storage.PrefixRecord, storage.PrefixBucket, storage.PrefixNamespace} {
+		n := 0
+		if err := scanPrefix(h.f.db, []byte{prefix}, func(k, _ []byte) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if prefix == storage.PrefixNamespace {
+			want = 1 // "default"
+		}
+		if n != want {
+			t.Fatalf("%d keys with prefix %q after a rejected op, want %d", n, prefix, want)
+		}
 	}
 }
 
