@@ -57,7 +57,8 @@ type Node struct {
 	reads *readIndexer
 
 	stop     chan struct{}
-	stopping atomic.Bool // set when Shutdown starts (quiets raft's connection noise)
+	raftDown chan struct{} // closed once raft.Shutdown has returned
+	stopping atomic.Bool   // set when Shutdown starts (quiets raft's connection noise)
 	wg       sync.WaitGroup
 	shutOnce sync.Once
 	shutErr  error
@@ -79,6 +80,7 @@ func New(cfg Config) (_ *Node, err error) {
 		changed:  make(chan struct{}),
 		hbFail:   map[raft.ServerID]time.Time{},
 		stop:     make(chan struct{}),
+		raftDown: make(chan struct{}),
 	}
 	hcl := newHCLogger(n.log.With("component", "raft"), hclog.Warn, &n.stopping)
 
@@ -525,6 +527,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 		}
+		close(n.raftDown)
 		n.raft.DeregisterObserver(n.observer)
 		n.wg.Wait()
 		n.trans.CloseStreams()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,5 +327,49 @@ func TestShutdown_StopsGoroutinesAndReleasesFiles(t *testing.T) {
 			t.Fatalf("%d goroutines before, %d after shutdown:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestShutdown_ReturnsAfterAbruptRaftStopUnderLoad: raft drops some futures
+// when it is shut down with entries in flight and never answers them; a
+// crash-like stop (raft first, as the chaos and demo killers do) under
+// constant proposals must still let Shutdown return, with every caller
+// answered. Before awaitFuture, Shutdown waited forever on such a future.
+func TestShutdown_ReturnsAfterAbruptRaftStopUnderLoad(t *testing.T) {
+	dir := t.TempDir()
+	for round := range 8 {
+		n := startNode(t, testConfig(dir, round == 0))
+		if round > 0 {
+			waitFor(t, 30*time.Second, "leader after restart", n.IsLeader)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		var answered atomic.Int64
+		for c := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil; i++ {
+					ids := make([]string, 64) // sizeable entries: raft's FSM queue fills
+					for k := range ids {
+						ids[k] = fmt.Sprintf("r%d-c%d-%d-%d", round, c, i, k)
+					}
+					_, _ = n.Propose(ctx, []fsm.Op{markOp(ids...)})
+					answered.Add(1)
+				}
+			}()
+		}
+		waitFor(t, 30*time.Second, "proposals under way", func() bool { return answered.Load() > 50 })
+		_ = n.Raft().Shutdown().Error()
+		done := make(chan error, 1)
+		go func() { done <- n.Shutdown(context.Background()) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			buf := make([]byte, 1<<20)
+			t.Fatalf("round %d: Shutdown still blocked after 60 s:\n%s", round, buf[:runtime.Stack(buf, true)])
+		}
+		cancel()
+		wg.Wait() // every caller got an answer
 	}
 }

@@ -216,7 +216,7 @@ func (p *proposer) finish(f raft.ApplyFuture, batch []*proposal, nops int) {
 			pr.done <- proposalResult{err: err}
 		}
 	}
-	if err := f.Error(); err != nil {
+	if err := p.n.awaitFuture(f); err != nil {
 		fail(p.n.mapApplyError(err))
 		return
 	}
@@ -237,6 +237,29 @@ func (p *proposer) finish(f raft.ApplyFuture, batch []*proposal, nops int) {
 		fail(fmt.Errorf("entry %d: %w", f.Index(), res))
 	default:
 		fail(fmt.Errorf("entry %d: unexpected state machine response %T", f.Index(), res))
+	}
+}
+
+// awaitFuture waits for a Raft future, or until Raft has shut down.
+// Raft does not answer every future it drops at shutdown (Apply futures
+// already handed to its FSM goroutine, VerifyLeader futures queued for the
+// leader loop: neither carries a shutdown channel), so waiting on f.Error
+// alone can block Shutdown forever. The goroutine left waiting on such a
+// future ends only if Raft answers it: at most one per entry in flight plus
+// one read-index round are left behind per shutdown.
+func (n *Node) awaitFuture(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-n.raftDown:
+		select {
+		case err := <-done: // answered while shutting down
+			return err
+		default:
+			return raft.ErrRaftShutdown
+		}
 	}
 }
 

@@ -105,7 +105,7 @@ func (n *Node) readIndexOnce() (uint64, error) {
 		return 0, ErrNotReady
 	}
 	idx := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
+	if err := n.awaitFuture(n.raft.VerifyLeader()); err != nil {
 		if errors.Is(err, raft.ErrRaftShutdown) {
 			return 0, ErrShutdown
 		}
