@@ -66,6 +66,8 @@ var Methods = map[string]Rule{
 	dedupv1.Ops_Backup_FullMethodName:  {Admin, ScopeAll},
 	// Export enumerates a namespace: more than Check's one-ID-at-a-time read.
 	dedupv1.Ops_Export_FullMethodName: {Admin, ScopeNamespace},
+	// Digest reveals no data but scans the node's whole state.
+	dedupv1.Ops_Digest_FullMethodName: {Admin, ScopeAll},
 
 	"/grpc.health.v1.Health/Check":                                   {0, ScopePublic},
 	"/grpc.health.v1.Health/Watch":                                   {0, ScopePublic},

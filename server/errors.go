@@ -58,6 +58,7 @@ var errorTable = []errorRule{
 	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node"},
+	{fsm.ErrClosed, codes.Unavailable, ReasonShuttingDown, "node is shutting down; ask another node"},
 	{errLagging, codes.Unavailable, ReasonLagging, "retry the read on another node"},
 	{context.DeadlineExceeded, codes.DeadlineExceeded, "", "the write may still commit; retry with the same request token"},
 	{context.Canceled, codes.Canceled, "", ""},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
@@ -301,4 +302,29 @@ func walkSnapshot(r *bufio.Reader, fn func(key []byte) error) error {
 			return err
 		}
 	}
+}
+
+// Digest implements dedupv1.OpsServer: this node's state digest with the
+// applied index it covers (fsm.DigestState), from its own state — no
+// forwarding, no read barrier, so that every replica can be asked and
+// compared. Codes: Unavailable while the node shuts down, Canceled or
+// DeadlineExceeded when the caller gives up during the scan, Internal on a
+// storage error.
+func (o *opsServer) Digest(ctx context.Context, _ *dedupv1.DigestRequest) (*dedupv1.DigestResponse, error) {
+	d, err := o.s.node.FSM().DigestState(ctx)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, status.FromContextError(cerr).Err()
+		}
+		return nil, toStatus(err)
+	}
+	return &dedupv1.DigestResponse{
+		NodeId:            o.s.cfg.Cluster.NodeID,
+		Digest:            d.Digest,
+		AppliedIndex:      d.AppliedIndex,
+		AppliedTerm:       d.AppliedTerm,
+		Records:           d.Records,
+		Keys:              d.Keys,
+		LastAppliedUnixMs: d.LastTsMs,
+	}, nil
 }

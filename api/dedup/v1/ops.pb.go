@@ -357,6 +357,141 @@ func (x *ExportChunk) GetRecords() []*ExportedRecord {
 	return nil
 }
 
+type DigestRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DigestRequest) Reset() {
+	*x = DigestRequest{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DigestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DigestRequest) ProtoMessage() {}
+
+func (x *DigestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
+func (*DigestRequest) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{7}
+}
+
+type DigestResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answering node's ID.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// SHA-256 (32 bytes) over the state at applied_index.
+	Digest []byte `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// Raft index and term of the last entry the state holds.
+	AppliedIndex uint64 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedTerm  uint64 `protobuf:"varint,4,opt,name=applied_term,json=appliedTerm,proto3" json:"applied_term,omitempty"`
+	// Record keys in the state (every namespace), including expired or
+	// released records whose bucket has not been dropped yet.
+	Records uint64 `protobuf:"varint,5,opt,name=records,proto3" json:"records,omitempty"`
+	// Keys hashed (records, buckets, namespaces, nodes, metadata).
+	Keys uint64 `protobuf:"varint,6,opt,name=keys,proto3" json:"keys,omitempty"`
+	// The last leader timestamp applied (Unix ms): the state's notion of now.
+	LastAppliedUnixMs int64 `protobuf:"varint,7,opt,name=last_applied_unix_ms,json=lastAppliedUnixMs,proto3" json:"last_applied_unix_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *DigestResponse) Reset() {
+	*x = DigestResponse{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DigestResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DigestResponse) ProtoMessage() {}
+
+func (x *DigestResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
+func (*DigestResponse) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DigestResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DigestResponse) GetDigest() []byte {
+	if x != nil {
+		return x.Digest
+	}
+	return nil
+}
+
+func (x *DigestResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetAppliedTerm() uint64 {
+	if x != nil {
+		return x.AppliedTerm
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetRecords() uint64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetLastAppliedUnixMs() int64 {
+	if x != nil {
+		return x.LastAppliedUnixMs
+	}
+	return 0
+}
+
 var File_dedup_v1_ops_proto protoreflect.FileDescriptor
 
 const file_dedup_v1_ops_proto_rawDesc = "" +
@@ -378,11 +513,21 @@ const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\x12first_seen_unix_ms\x18\x03 \x01(\x03R\x0ffirstSeenUnixMs\x12&\n" +
 	"\x0fexpires_unix_ms\x18\x04 \x01(\x03R\rexpiresUnixMs\"A\n" +
 	"\vExportChunk\x122\n" +
-	"\arecords\x18\x01 \x03(\v2\x18.dedup.v1.ExportedRecordR\arecords2\xbd\x01\n" +
+	"\arecords\x18\x01 \x03(\v2\x18.dedup.v1.ExportedRecordR\arecords\"\x0f\n" +
+	"\rDigestRequest\"\xe8\x01\n" +
+	"\x0eDigestResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\fR\x06digest\x12#\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12!\n" +
+	"\fapplied_term\x18\x04 \x01(\x04R\vappliedTerm\x12\x18\n" +
+	"\arecords\x18\x05 \x01(\x04R\arecords\x12\x12\n" +
+	"\x04keys\x18\x06 \x01(\x04R\x04keys\x12/\n" +
+	"\x14last_applied_unix_ms\x18\a \x01(\x03R\x11lastAppliedUnixMs2\xfa\x01\n" +
 	"\x03Ops\x12>\n" +
 	"\aPromote\x12\x18.dedup.v1.PromoteRequest\x1a\x19.dedup.v1.PromoteResponse\x12:\n" +
 	"\x06Backup\x12\x17.dedup.v1.BackupRequest\x1a\x15.dedup.v1.BackupChunk0\x01\x12:\n" +
-	"\x06Export\x12\x17.dedup.v1.ExportRequest\x1a\x15.dedup.v1.ExportChunk0\x01B5Z3github.com/dedupnode/dedupnode/api/dedup/v1;dedupv1b\x06proto3"
+	"\x06Export\x12\x17.dedup.v1.ExportRequest\x1a\x15.dedup.v1.ExportChunk0\x01\x12;\n" +
+	"\x06Digest\x12\x17.dedup.v1.DigestRequest\x1a\x18.dedup.v1.DigestResponseB5Z3github.com/dedupnode/dedupnode/api/dedup/v1;dedupv1b\x06proto3"
 
 var (
 	file_dedup_v1_ops_proto_rawDescOnce sync.Once
@@ -396,7 +541,7 @@ func file_dedup_v1_ops_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_ops_proto_rawDescData
 }
 
-var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_dedup_v1_ops_proto_goTypes = []any{
 	(*PromoteRequest)(nil),  // 0: dedup.v1.PromoteRequest
 	(*PromoteResponse)(nil), // 1: dedup.v1.PromoteResponse
@@ -405,19 +550,23 @@ var file_dedup_v1_ops_proto_goTypes = []any{
 	(*ExportRequest)(nil),   // 4: dedup.v1.ExportRequest
 	(*ExportedRecord)(nil),  // 5: dedup.v1.ExportedRecord
 	(*ExportChunk)(nil),     // 6: dedup.v1.ExportChunk
-	(RecordState)(0),        // 7: dedup.v1.RecordState
+	(*DigestRequest)(nil),   // 7: dedup.v1.DigestRequest
+	(*DigestResponse)(nil),  // 8: dedup.v1.DigestResponse
+	(RecordState)(0),        // 9: dedup.v1.RecordState
 }
 var file_dedup_v1_ops_proto_depIdxs = []int32{
-	7, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
+	9, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
 	5, // 1: dedup.v1.ExportChunk.records:type_name -> dedup.v1.ExportedRecord
 	0, // 2: dedup.v1.Ops.Promote:input_type -> dedup.v1.PromoteRequest
 	2, // 3: dedup.v1.Ops.Backup:input_type -> dedup.v1.BackupRequest
 	4, // 4: dedup.v1.Ops.Export:input_type -> dedup.v1.ExportRequest
-	1, // 5: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
-	3, // 6: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
-	6, // 7: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
+	7, // 5: dedup.v1.Ops.Digest:input_type -> dedup.v1.DigestRequest
+	1, // 6: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
+	3, // 7: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
+	6, // 8: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
+	8, // 9: dedup.v1.Ops.Digest:output_type -> dedup.v1.DigestResponse
+	6, // [6:10] is the sub-list for method output_type
+	2, // [2:6] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -435,7 +584,7 @@ func file_dedup_v1_ops_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_ops_proto_rawDesc), len(file_dedup_v1_ops_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

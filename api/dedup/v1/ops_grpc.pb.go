@@ -25,6 +25,7 @@ const (
 	Ops_Promote_FullMethodName = "/dedup.v1.Ops/Promote"
 	Ops_Backup_FullMethodName  = "/dedup.v1.Ops/Backup"
 	Ops_Export_FullMethodName  = "/dedup.v1.Ops/Export"
+	Ops_Digest_FullMethodName  = "/dedup.v1.Ops/Digest"
 )
 
 // OpsClient is the client API for Ops service.
@@ -45,6 +46,16 @@ type OpsClient interface {
 	// Export streams the live records of one namespace (not expired, not
 	// released) as of a linearizable read barrier.
 	Export(ctx context.Context, in *ExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
+	// Digest returns a SHA-256 over this node's whole replicated state (every
+	// key and value of its state machine: namespaces, records, bucket counts,
+	// the node table, the applied index and term, the last leader timestamp),
+	// with the applied index it covers, both read from one consistent storage
+	// snapshot. Answered by the node called, from its own state: never
+	// forwarded, no read barrier. The state machine is deterministic, so two
+	// replicas that report the same applied_index must report the same
+	// digest; a difference means they diverged. Costs one scan of the node's
+	// whole state (it does not block writes).
+	Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error)
 }
 
 type opsClient struct {
@@ -103,6 +114,16 @@ func (c *opsClient) Export(ctx context.Context, in *ExportRequest, opts ...grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Ops_ExportClient = grpc.ServerStreamingClient[ExportChunk]
 
+func (c *opsClient) Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DigestResponse)
+	err := c.cc.Invoke(ctx, Ops_Digest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OpsServer is the server API for Ops service.
 // All implementations must embed UnimplementedOpsServer
 // for forward compatibility.
@@ -121,6 +142,16 @@ type OpsServer interface {
 	// Export streams the live records of one namespace (not expired, not
 	// released) as of a linearizable read barrier.
 	Export(*ExportRequest, grpc.ServerStreamingServer[ExportChunk]) error
+	// Digest returns a SHA-256 over this node's whole replicated state (every
+	// key and value of its state machine: namespaces, records, bucket counts,
+	// the node table, the applied index and term, the last leader timestamp),
+	// with the applied index it covers, both read from one consistent storage
+	// snapshot. Answered by the node called, from its own state: never
+	// forwarded, no read barrier. The state machine is deterministic, so two
+	// replicas that report the same applied_index must report the same
+	// digest; a difference means they diverged. Costs one scan of the node's
+	// whole state (it does not block writes).
+	Digest(context.Context, *DigestRequest) (*DigestResponse, error)
 	mustEmbedUnimplementedOpsServer()
 }
 
@@ -139,6 +170,9 @@ func (UnimplementedOpsServer) Backup(*BackupRequest, grpc.ServerStreamingServer[
 }
 func (UnimplementedOpsServer) Export(*ExportRequest, grpc.ServerStreamingServer[ExportChunk]) error {
 	return status.Error(codes.Unimplemented, "method Export not implemented")
+}
+func (UnimplementedOpsServer) Digest(context.Context, *DigestRequest) (*DigestResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Digest not implemented")
 }
 func (UnimplementedOpsServer) mustEmbedUnimplementedOpsServer() {}
 func (UnimplementedOpsServer) testEmbeddedByValue()             {}
@@ -201,6 +235,24 @@ func _Ops_Export_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Ops_ExportServer = grpc.ServerStreamingServer[ExportChunk]
 
+func _Ops_Digest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DigestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OpsServer).Digest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ops_Digest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OpsServer).Digest(ctx, req.(*DigestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Ops_ServiceDesc is the grpc.ServiceDesc for Ops service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -211,6 +263,10 @@ var Ops_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Promote",
 			Handler:    _Ops_Promote_Handler,
+		},
+		{
+			MethodName: "Digest",
+			Handler:    _Ops_Digest_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
