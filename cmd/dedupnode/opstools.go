@@ -40,18 +40,9 @@ func (f *clientFlags) opsCall(ctx context.Context, cmd *cobra.Command, fn func(c
 	if err := f.validate(cmd); err != nil {
 		return err
 	}
-	creds := insecure.NewCredentials()
-	if f.tlsCA != "" {
-		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
-		if err != nil {
-			return usagef("%v", err)
-		}
-		creds = credentials.NewTLS(cfg)
-	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
-	if f.token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(f.token)))
+	opts, err := f.grpcDialOptions()
+	if err != nil {
+		return err
 	}
 	var errs []error
 	for _, a := range f.addrs {
@@ -67,6 +58,25 @@ func (f *clientFlags) opsCall(ctx context.Context, cmd *cobra.Command, fn func(c
 		errs = append(errs, fmt.Errorf("%s: %w", a, err))
 	}
 	return errors.Join(errs...)
+}
+
+// grpcDialOptions are the options for a raw gRPC connection with the
+// client flags' TLS and token.
+func (f *clientFlags) grpcDialOptions() ([]grpc.DialOption, error) {
+	creds := insecure.NewCredentials()
+	if f.tlsCA != "" {
+		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+	if f.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(f.token)))
+	}
+	return opts, nil
 }
 
 // progressOut returns where to draw a progress bar: stderr when it is a
