@@ -130,6 +130,10 @@ func TestChaosProcessRunKeepsEveryInvariant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every node reported its state digest, all at one applied index.
+	if len(h.Digests) != 3 || h.Digests[0].Digest == "" || h.Digests[0].AppliedIndex == 0 {
+		t.Fatalf("final state digests missing: %+v", h.Digests)
+	}
 	if again := check.Run(h, check.Options{}); again.Summary() != rep.Summary() || again.Operations != rep.Operations {
 		t.Fatalf("re-checking the written history gave %s (%d ops), the run %s (%d ops)",
 			again.Summary(), again.Operations, rep.Summary(), rep.Operations)

@@ -14,6 +14,7 @@ import (
 	"github.com/dedupnode/dedupnode/chaos/check"
 	"github.com/dedupnode/dedupnode/chaos/history"
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
+	"github.com/dedupnode/dedupnode/internal/replicacheck"
 )
 
 // Modes of a run.
@@ -236,6 +237,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if finished {
 		finalReads(cctx, cl, cs, rec, w.Keys(), wl.Namespace)
+		finalDigests(cctx, cl, cs, rec, log)
 	}
 	ccancel()
 	rec.SetMeta(func(m *history.Meta) { m.Finished = finished })
@@ -358,6 +360,30 @@ func finalReads(ctx context.Context, cl Cluster, cs *conns, rec *history.Recorde
 			rec.AddFinal(reads...)
 		}
 	}
+}
+
+// finalDigests asks every node for its state digest (Ops.Digest) until one
+// round finds them all at the same applied index (or ctx ends, or 1 min
+// passes) and records that round for the checker (state_digests).
+func finalDigests(ctx context.Context, cl Cluster, cs *conns, rec *history.Recorder, log *slog.Logger) {
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ask := func(ctx context.Context, id string) (*dedupv1.DigestResponse, error) {
+		return cs.ops[id].Digest(ctx, &dedupv1.DigestRequest{})
+	}
+	res := replicacheck.Compare(dctx, cl.Nodes(), ask, replicacheck.Options{CallTimeout: 20 * time.Second})
+	at := rec.Clock().Now()
+	ds := make([]history.NodeDigest, len(res.Answers))
+	for i, a := range res.Answers {
+		ds[i] = history.NodeDigest{Node: a.Node, At: at}
+		if a.Err != nil {
+			ds[i].Error = a.Err.Error()
+			continue
+		}
+		ds[i].AppliedIndex, ds[i].Records, ds[i].Digest = a.Resp.AppliedIndex, a.Resp.Records, replicacheck.Hex(a.Resp.Digest)
+	}
+	rec.SetDigests(ds...)
+	log.Info("state digests", "result", res.Summary(), "rounds", res.Rounds)
 }
 
 // Failed reports whether the run found violations.

@@ -27,11 +27,12 @@ type conns struct {
 	cc    map[string]*grpc.ClientConn
 	dedup map[string]dedupv1.DedupClient
 	admin map[string]dedupv1.AdminClient
+	ops   map[string]dedupv1.OpsClient
 }
 
 func dialAll(c Cluster) (*conns, error) {
 	cs := &conns{ids: c.Nodes(), addr: map[string]string{}, cc: map[string]*grpc.ClientConn{},
-		dedup: map[string]dedupv1.DedupClient{}, admin: map[string]dedupv1.AdminClient{}}
+		dedup: map[string]dedupv1.DedupClient{}, admin: map[string]dedupv1.AdminClient{}, ops: map[string]dedupv1.OpsClient{}}
 	for _, id := range cs.ids {
 		a := c.Addr(id)
 		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -40,7 +41,7 @@ func dialAll(c Cluster) (*conns, error) {
 			return nil, fmt.Errorf("dial %s at %s: %w", id, a, err)
 		}
 		cs.addr[id], cs.cc[id] = a, cc
-		cs.dedup[id], cs.admin[id] = dedupv1.NewDedupClient(cc), dedupv1.NewAdminClient(cc)
+		cs.dedup[id], cs.admin[id], cs.ops[id] = dedupv1.NewDedupClient(cc), dedupv1.NewAdminClient(cc), dedupv1.NewOpsClient(cc)
 	}
 	return cs, nil
 }

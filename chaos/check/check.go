@@ -24,7 +24,14 @@
 //     IN_PROGRESS.
 //   - replicas_identical (invariant 5 over the wire): the final reads of
 //     every ID agree on every node (result, state, token, fence, times).
-//   - converged: every node answered the final reads.
+//   - state_digests (invariant 5 at the storage level): after the final
+//     reads, every node reports the same state digest (dedup.v1
+//     Ops.Digest: SHA-256 over its whole state machine) at the same applied
+//     index. The state machine is deterministic given the log, so replicas
+//     at one index must hold byte-identical state; this catches divergence
+//     the final reads cannot see (other keys, bucket counts, namespaces).
+//   - converged: every node answered the final reads, reported its digest,
+//     and the nodes reached one applied index to compare digests at.
 //
 // The checker is conservative where the history cannot decide: an
 // operation whose outcome is unknown (Info) is assumed to have possibly
@@ -50,11 +57,12 @@ const (
 	NoStaleRead       = "no_stale_read"
 	RetryFirstAnswer  = "retry_first_answer"
 	ReplicasIdentical = "replicas_identical"
+	StateDigests      = "state_digests"
 	Converged         = "converged"
 )
 
 // Invariants lists every invariant in report order.
-var Invariants = []string{AtMostOneWinner, NoLostWrites, Linearizable, NoStaleRead, RetryFirstAnswer, ReplicasIdentical, Converged}
+var Invariants = []string{AtMostOneWinner, NoLostWrites, Linearizable, NoStaleRead, RetryFirstAnswer, ReplicasIdentical, StateDigests, Converged}
 
 // Violation is one breach of an invariant.
 type Violation struct {
@@ -165,6 +173,7 @@ func Run(h *history.History, opt Options) *Report {
 	}
 	c.index()
 	c.converged()
+	c.digests()
 	names := make([]string, 0, len(c.keys))
 	for k := range c.keys {
 		names = append(names, k)
@@ -286,6 +295,51 @@ func (c *checker) converged() {
 			c.violate(Converged, "", nil, "node %s failed its final reads: %s", n, msg)
 		} else if !answered[n] && len(c.h.Final) > 0 {
 			c.violate(Converged, "", nil, "node %s has no final reads", n)
+		}
+	}
+}
+
+// digests compares the nodes' final state digests: every node must report
+// one, all at one applied index, all equal. Histories without digests
+// (written before they were taken) are not judged on them.
+func (c *checker) digests() {
+	if !c.h.Meta.Finished || c.h.Digests == nil {
+		return
+	}
+	by := map[string]*history.NodeDigest{}
+	for i := range c.h.Digests {
+		by[c.h.Digests[i].Node] = &c.h.Digests[i]
+	}
+	var got []*history.NodeDigest
+	for _, n := range c.h.Meta.Nodes {
+		d := by[n]
+		switch {
+		case d == nil:
+			c.violate(Converged, "", nil, "node %s reported no state digest", n)
+		case d.Error != "":
+			c.violate(Converged, "", nil, "node %s did not report its state digest: %s", n, d.Error)
+		default:
+			got = append(got, d)
+		}
+	}
+	if len(got) < 2 {
+		return
+	}
+	ref := got[0]
+	for _, d := range got[1:] {
+		if d.AppliedIndex != ref.AppliedIndex {
+			var at []string
+			for _, d := range got {
+				at = append(at, fmt.Sprintf("%s at %d", d.Node, d.AppliedIndex))
+			}
+			c.violate(Converged, "", nil, "the nodes never reported one applied index to compare state digests at: %s", strings.Join(at, ", "))
+			return
+		}
+	}
+	for _, d := range got[1:] {
+		if d.Digest != ref.Digest {
+			c.violate(StateDigests, "", nil, "at applied index %d node %s's state digest %s (%d records) differs from node %s's %s (%d records)",
+				ref.AppliedIndex, d.Node, shortTok(d.Digest), d.Records, ref.Node, shortTok(ref.Digest), ref.Records)
 		}
 	}
 }

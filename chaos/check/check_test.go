@@ -334,3 +334,45 @@ func TestRetriedReleaseThatLostItsAnswerMayHaveReleased(t *testing.T) {
 	b.h.Ops[1].Uncertain = false
 	wantOnly(t, run(t, b), AtMostOneWinner)
 }
+
+// digests sets every node's final state digest: index and digest per node.
+func (b *builder) digests(ds ...history.NodeDigest) *builder {
+	b.h.Digests = ds
+	return b
+}
+
+func nd(node string, index uint64, digest string) history.NodeDigest {
+	return history.NodeDigest{Node: node, AppliedIndex: index, Digest: digest, Records: 1, At: at(20000)}
+}
+
+func TestStateDigests(t *testing.T) {
+	base := func() *builder {
+		return newBuilder().mark(0, "m1", "aa", 0, 20, history.New, "aa", 10).final("m1", 10000, committed("aa", 10))
+	}
+	t.Run("equal at one index", func(t *testing.T) {
+		wantOnly(t, run(t, base().digests(nd("n1", 7, "d1"), nd("n2", 7, "d1"), nd("n3", 7, "d1"))))
+	})
+	t.Run("history without digests is not judged on them", func(t *testing.T) {
+		wantOnly(t, run(t, base()))
+	})
+	t.Run("a divergent replica is caught", func(t *testing.T) {
+		b := base().digests(nd("n1", 7, "d1"), nd("n2", 7, "d2"), nd("n3", 7, "d1"))
+		rep := run(t, b)
+		wantOnly(t, rep, StateDigests)
+		if rep.Violations[StateDigests] != 1 {
+			t.Fatalf("want one state_digests violation: %+v", rep.Details)
+		}
+		sub := Smallest(&b.h, rep)
+		if sub == nil || len(sub.Digests) != 3 || sub.Meta.Note == "" {
+			t.Fatalf("smallest offending history: %+v", sub)
+		}
+	})
+	t.Run("no common index is a convergence failure, not a divergence", func(t *testing.T) {
+		wantOnly(t, run(t, base().digests(nd("n1", 7, "d1"), nd("n2", 8, "d2"), nd("n3", 7, "d1"))), Converged)
+	})
+	t.Run("a node without a digest", func(t *testing.T) {
+		failed := history.NodeDigest{Node: "n3", At: at(20000), Error: "Unavailable"}
+		wantOnly(t, run(t, base().digests(nd("n1", 7, "d1"), nd("n2", 7, "d1"), failed)), Converged)
+		wantOnly(t, run(t, base().digests(nd("n1", 7, "d1"), nd("n2", 7, "d1"))), Converged)
+	})
+}

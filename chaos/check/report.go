@@ -14,12 +14,15 @@ import (
 // Smallest returns the smallest history that shows a violation: the
 // operations on the offending ID (or, for a violation without an ID, the
 // operations it names), the faults that overlap them and the ID's final
-// reads. Meta.Note names the violation. It returns nil when rep has none.
+// reads; a state_digests violation keeps the digests. A violation that
+// names operations is preferred to one that names none (a divergence or a
+// node that did not converge says less on its own). Meta.Note names the
+// violation. It returns nil when rep has none.
 func Smallest(h *history.History, rep *Report) *history.History {
 	var best *history.History
 	for _, v := range rep.Details {
 		sub := subHistory(h, v)
-		if best == nil || len(sub.Ops) < len(best.Ops) {
+		if best == nil || (len(sub.Ops) > 0 && (len(best.Ops) == 0 || len(sub.Ops) < len(best.Ops))) {
 			best = sub
 		}
 	}
@@ -54,6 +57,9 @@ func subHistory(h *history.History, v Violation) *history.History {
 		if v.Key != "" && r.Key == v.Key {
 			sub.Final = append(sub.Final, r)
 		}
+	}
+	if v.Invariant == StateDigests || v.Invariant == Converged {
+		sub.Digests = h.Digests
 	}
 	return sub
 }

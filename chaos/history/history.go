@@ -134,6 +134,18 @@ type FinalRead struct {
 	Error  string  `json:"error,omitempty"`
 }
 
+// NodeDigest is one node's state digest (dedup.v1 Ops.Digest), taken after
+// the final reads in a round that found every node at the same applied
+// index (or the last round tried).
+type NodeDigest struct {
+	Node         string `json:"node"`
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
+	Records      uint64 `json:"records,omitempty"`
+	Digest       string `json:"digest,omitempty"` // SHA-256, hex
+	At           int64  `json:"at"`               // wall-clock Unix nanoseconds
+	Error        string `json:"error,omitempty"`
+}
+
 // Meta describes the run that produced a history.
 type Meta struct {
 	Mode     string   `json:"mode,omitempty"`
@@ -155,6 +167,9 @@ type History struct {
 	Ops    []Op        `json:"ops"`
 	Faults []Fault     `json:"faults"`
 	Final  []FinalRead `json:"final"`
+	// Digests are the nodes' state digests at the end (nil in histories
+	// written before digests were taken: the checker then skips them).
+	Digests []NodeDigest `json:"digests,omitempty"`
 }
 
 // Write encodes h as JSON, one op, fault or read per line for diffing.
@@ -188,6 +203,9 @@ func (h *History) Write(w io.Writer) error {
 	}
 	list("ops", len(h.Ops), func(i int) any { return &h.Ops[i] }, false)
 	list("faults", len(h.Faults), func(i int) any { return &h.Faults[i] }, false)
+	if h.Digests != nil {
+		list("digests", len(h.Digests), func(i int) any { return &h.Digests[i] }, false)
+	}
 	list("final", len(h.Final), func(i int) any { return &h.Final[i] }, true)
 	put("}\n")
 	return err
@@ -254,6 +272,7 @@ type Recorder struct {
 	ops    []*Op
 	faults []*Fault
 	final  []FinalRead
+	digest []NodeDigest
 	meta   Meta
 }
 
@@ -320,6 +339,14 @@ func (r *Recorder) AddFinal(reads ...FinalRead) {
 	r.final = append(r.final, reads...)
 }
 
+// SetDigests records the nodes' final state digests (replacing any
+// recorded before).
+func (r *Recorder) SetDigests(ds ...NodeDigest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.digest = append([]NodeDigest{}, ds...)
+}
+
 // SetMeta updates the run description.
 func (r *Recorder) SetMeta(fn func(*Meta)) {
 	r.mu.Lock()
@@ -348,6 +375,9 @@ func (r *Recorder) History() *History {
 		h.Faults = append(h.Faults, *f)
 	}
 	h.Final = append(h.Final, r.final...)
+	if r.digest != nil {
+		h.Digests = append([]NodeDigest{}, r.digest...)
+	}
 	sort.Slice(h.Ops, func(i, j int) bool { return h.Ops[i].Seq < h.Ops[j].Seq })
 	return h
 }
