@@ -1,0 +1,248 @@
+// Command scaleprobe times how long a dedupnode node takes to become
+// useful after it was started, for scripts/scale.sh. It polls one node's
+// gRPC address directly (no leader routing, unlike the client package and
+// the CLI) and prints, as one JSON object, the milliseconds from --since
+// (a Unix time in nanoseconds, taken just before the node was started) to
+// each milestone it reached:
+//
+//	listen_ms      the gRPC port accepts TCP connections
+//	status_ms      Admin.Status answers
+//	leader_ms      the node names a leader
+//	caught_up_ms   its applied index reached the leader's commit index, as
+//	               read from the leader when the leader first became known
+//	               (what `dedupnode status --wait` waits for)
+//	check_ms       a linearizable Check of --id sent to this node answers
+//	               SEEN (a follower asks the leader for a read index and
+//	               answers from its own state)
+//	snapshot_ms    its last snapshot index is above zero (a fresh follower:
+//	               the snapshot it was sent is installed)
+//	voter_ms       it is a voter in its own view of the configuration
+//	bloom_ms       its Bloom filters are ready (loaded or rebuilt)
+//
+// Every poll is bounded by --timeout; the command exits 1 if a milestone
+// asked for with --until was not reached in time (the JSON still says
+// which were).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+type result struct {
+	Addr       string `json:"addr"`
+	ListenMs   *int64 `json:"listen_ms,omitempty"`
+	StatusMs   *int64 `json:"status_ms,omitempty"`
+	LeaderMs   *int64 `json:"leader_ms,omitempty"`
+	CaughtUpMs *int64 `json:"caught_up_ms,omitempty"`
+	CheckMs    *int64 `json:"check_ms,omitempty"`
+	SnapshotMs *int64 `json:"snapshot_ms,omitempty"`
+	VoterMs    *int64 `json:"voter_ms,omitempty"`
+	BloomMs    *int64 `json:"bloom_ms,omitempty"`
+	// Target is the leader commit index caught_up_ms waited for.
+	Target uint64 `json:"target_index,omitempty"`
+	// Snapshot is the node's last snapshot index when snapshot_ms was met.
+	Snapshot uint64 `json:"snapshot_index,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+func main() {
+	var (
+		addr      = flag.String("addr", "", "gRPC HOST:PORT of the node")
+		sinceNs   = flag.Int64("since", 0, "Unix time in ns the milestones are measured from (default: now)")
+		timeout   = flag.Duration("timeout", 2*time.Minute, "give up after this long")
+		namespace = flag.String("namespace", "default", "namespace of --id")
+		id        = flag.String("id", "", "an ID marked before; check_ms waits until a linearizable Check of it answers SEEN")
+		until     = flag.String("until", "caught_up,check", "comma-separated milestones to wait for: listen, status, leader, caught_up, check, snapshot, voter, bloom")
+		interval  = flag.Duration("interval", 20*time.Millisecond, "poll interval")
+	)
+	flag.Parse()
+	if *addr == "" {
+		fmt.Fprintln(os.Stderr, "scaleprobe: --addr is required")
+		os.Exit(2)
+	}
+	since := time.Now()
+	if *sinceNs > 0 {
+		since = time.Unix(0, *sinceNs)
+	}
+	want := map[string]bool{}
+	for _, m := range strings.Split(*until, ",") {
+		switch m = strings.TrimSpace(m); m {
+		case "":
+		case "listen", "status", "leader", "caught_up", "check", "snapshot", "voter", "bloom":
+			want[m] = true
+		default:
+			fmt.Fprintf(os.Stderr, "scaleprobe: unknown milestone %q in --until\n", m)
+			os.Exit(2)
+		}
+	}
+	if want["check"] && *id == "" {
+		fmt.Fprintln(os.Stderr, "scaleprobe: --until check needs --id")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	res := probe(ctx, *addr, since, want, *namespace, *id, *interval)
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+	if res.Error != "" {
+		os.Exit(1)
+	}
+}
+
+func ms(since time.Time) *int64 {
+	v := time.Since(since).Milliseconds()
+	return &v
+}
+
+func probe(ctx context.Context, addr string, since time.Time, want map[string]bool, ns, id string, interval time.Duration) *result {
+	res := &result{Addr: addr}
+	missing := func() []string {
+		reached := map[string]bool{
+			"listen": res.ListenMs != nil, "status": res.StatusMs != nil, "leader": res.LeaderMs != nil,
+			"caught_up": res.CaughtUpMs != nil, "check": res.CheckMs != nil, "snapshot": res.SnapshotMs != nil,
+			"voter": res.VoterMs != nil, "bloom": res.BloomMs != nil,
+		}
+		var out []string
+		for m := range want {
+			if !reached[m] {
+				out = append(out, m)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	done := func() bool { return len(missing()) == 0 }
+	sleep := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(interval):
+			return true
+		}
+	}
+	fail := func(what string) *result {
+		res.Error = fmt.Sprintf("%s within the timeout (missing: %s)", what, strings.Join(missing(), ","))
+		return res
+	}
+
+	// 1. the port accepts connections (a plain TCP dial: gRPC's reconnect
+	// backoff would add up to seconds to a node that is not listening yet)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			res.ListenMs = ms(since)
+			break
+		}
+		if !sleep() {
+			return fail("the port never accepted a connection")
+		}
+	}
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.2, MaxDelay: 100 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+	)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer cc.Close()
+	adm := dedupv1.NewAdminClient(cc)
+	dd := dedupv1.NewDedupClient(cc)
+
+	var targetKnown bool
+	for !done() {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := adm.Status(cctx, &dedupv1.StatusRequest{})
+		ccancel()
+		if err == nil {
+			if res.StatusMs == nil {
+				res.StatusMs = ms(since)
+			}
+			if st.GetLeaderId() != "" {
+				if res.LeaderMs == nil {
+					res.LeaderMs = ms(since)
+				}
+				if !targetKnown {
+					if st.GetState() == "leader" {
+						res.Target, targetKnown = st.GetCommitIndex(), true
+					} else if la := st.GetLeaderGrpcAddr(); la != "" {
+						if ci, ok := leaderCommit(ctx, la); ok {
+							res.Target, targetKnown = ci, true
+						}
+					}
+				}
+				if targetKnown && res.CaughtUpMs == nil && st.GetAppliedIndex() >= res.Target {
+					res.CaughtUpMs = ms(since)
+				}
+			}
+			if res.SnapshotMs == nil && st.GetLastSnapshotIndex() > 0 {
+				res.SnapshotMs = ms(since)
+				res.Snapshot = st.GetLastSnapshotIndex()
+			}
+			if res.VoterMs == nil {
+				for _, m := range st.GetMembers() {
+					if m.GetId() == st.GetNodeId() && m.GetSuffrage() == "voter" {
+						res.VoterMs = ms(since)
+					}
+				}
+			}
+			if res.BloomMs == nil && st.GetBloom().GetReady() {
+				res.BloomMs = ms(since)
+			}
+		}
+		if want["check"] && res.CheckMs == nil && res.LeaderMs != nil {
+			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+			cr, err := dd.Check(cctx, &dedupv1.CheckRequest{
+				Namespace:   ns,
+				Ids:         [][]byte{[]byte(id)},
+				Consistency: dedupv1.Consistency_CONSISTENCY_LINEARIZABLE,
+			})
+			ccancel()
+			if err == nil && len(cr.GetResults()) == 1 && cr.GetResults()[0].GetCode() == dedupv1.CheckResult_SEEN {
+				res.CheckMs = ms(since)
+			}
+		}
+		if done() {
+			break
+		}
+		if !sleep() {
+			return fail("not every milestone was reached")
+		}
+	}
+	return res
+}
+
+// leaderCommit reads the leader's commit index from its own Status.
+func leaderCommit(ctx context.Context, addr string) (uint64, bool) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, false
+	}
+	defer cc.Close()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := dedupv1.NewAdminClient(cc).Status(cctx, &dedupv1.StatusRequest{})
+	if err != nil || st.GetState() != "leader" {
+		return 0, false
+	}
+	return st.GetCommitIndex(), true
+}
