@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/dedupnode/dedupnode/chaos/check"
+	"github.com/dedupnode/dedupnode/chaos/history"
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
 )
 
@@ -37,6 +38,7 @@ type Summary struct {
 	HistoryFile    string                    `json:"history_file,omitempty"`
 	ViolationFile  string                    `json:"violation_file,omitempty"`
 	UnsafeSettings []string                  `json:"unsafe_server_flags,omitempty"`
+	StateDigests   []history.NodeDigest      `json:"state_digests,omitempty"`
 }
 
 // Summarize flattens a result for JSON output.
@@ -49,6 +51,7 @@ func (r *Result) Summarize() Summary {
 		Notes: r.Notes, Cluster: r.Cluster, Proxy: r.Proxy, HistoryFile: r.HistoryFile, ViolationFile: r.ViolationFile}
 	if r.History != nil {
 		s.UnsafeSettings = r.History.Meta.Unsafe
+		s.StateDigests = r.History.Digests
 	}
 	return s
 }
@@ -83,6 +86,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "raft proxy: %d connections (%d of unknown sender), %d bytes forwarded, %d dropped, %d resets\n",
 			r.Proxy.Conns, r.Proxy.Unknown, r.Proxy.Forwarded, r.Proxy.Dropped, r.Proxy.Resets)
 	}
+	if r.History != nil && len(r.History.Digests) > 0 {
+		fmt.Fprintf(w, "digests:   %s\n", digestLine(r.History.Digests))
+	}
 	fmt.Fprintln(w)
 	if err := r.Report.WriteTable(w); err != nil {
 		return err
@@ -108,4 +114,26 @@ func count(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// digestLine says in one line what the nodes' final state digests were.
+func digestLine(ds []history.NodeDigest) string {
+	same := true
+	for _, d := range ds {
+		if d.Error != "" || d.AppliedIndex != ds[0].AppliedIndex || d.Digest != ds[0].Digest {
+			same = false
+		}
+	}
+	if same {
+		return fmt.Sprintf("%s agree at applied index %d (%d records, sha256 %.16s)", count(len(ds), "node"), ds[0].AppliedIndex, ds[0].Records, ds[0].Digest)
+	}
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		if d.Error != "" {
+			parts[i] = fmt.Sprintf("%s error: %s", d.Node, d.Error)
+		} else {
+			parts[i] = fmt.Sprintf("%s at %d %.16s (%d records)", d.Node, d.AppliedIndex, d.Digest, d.Records)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
