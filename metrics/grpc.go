@@ -46,6 +46,28 @@ func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamServerInterceptor counts every streaming call of dedup.v1 (Ops
+// Backup and Export) like UnaryServerInterceptor, with the same labels: by
+// op, code and origin, timed from the start to the end of the stream (so a
+// long backup lands in the top latency buckets). Streams carry no items:
+// no batch size, no item results. Health and reflection streams are not
+// counted.
+func (m *Metrics) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !strings.HasPrefix(info.FullMethod, "/dedup.") {
+			return handler(srv, ss)
+		}
+		start := time.Now()
+		err := handler(srv, ss)
+		origin := OriginClient
+		if isForwarded(ss.Context()) {
+			origin = OriginForwarded
+		}
+		m.ObserveRequest(OpName(info.FullMethod), status.Code(err).String(), origin, time.Since(start), -1)
+		return err
+	}
+}
+
 // batchSize is the number of items in a dedup request, -1 for others.
 func batchSize(req any) int {
 	switch r := req.(type) {

@@ -4,9 +4,10 @@
 //
 // What is measured, and where it comes from:
 //
-//   - Requests: the gRPC interceptor (UnaryServerInterceptor) counts every
-//     call by operation, gRPC code and origin (client, or forwarded by
-//     another node), times it, and records the batch size. Explicit
+//   - Requests: the gRPC interceptors (UnaryServerInterceptor,
+//     StreamServerInterceptor) count every call by operation, gRPC code and
+//     origin (client, or forwarded by another node), time it, and record
+//     the batch size of unary dedup calls. Explicit
 //     Observe* functions exist for callers outside gRPC.
 //   - Items: per namespace, the result of every item of a client's call
 //     (new, duplicate, seen, ...), and for each duplicate Mark or Claim the

@@ -275,3 +275,74 @@ func TestOpName(t *testing.T) {
 		}
 	}
 }
+
+type fakeOps struct {
+	dedupv1.UnimplementedOpsServer
+}
+
+func (fakeOps) Export(_ *dedupv1.ExportRequest, st grpc.ServerStreamingServer[dedupv1.ExportChunk]) error {
+	return st.Send(&dedupv1.ExportChunk{Records: []*dedupv1.ExportedRecord{{Id: []byte("a")}}})
+}
+
+func TestStreamInterceptorCountsStreamingCalls(t *testing.T) {
+	m := New(Options{NoRuntimeMetrics: true})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(m.StreamServerInterceptor()))
+	dedupv1.RegisterOpsServer(srv, fakeOps{})
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := dedupv1.NewOpsClient(cc)
+	drain := func(ctx context.Context, open func(context.Context) (interface{ RecvMsg(any) error }, error)) error {
+		st, err := open(ctx)
+		if err != nil {
+			return err
+		}
+		for {
+			if err := st.RecvMsg(&dedupv1.ExportChunk{}); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	export := func(ctx context.Context) (interface{ RecvMsg(any) error }, error) {
+		return c.Export(ctx, &dedupv1.ExportRequest{Namespace: "orders"})
+	}
+	backup := func(ctx context.Context) (interface{ RecvMsg(any) error }, error) {
+		return c.Backup(ctx, &dedupv1.BackupRequest{})
+	}
+	if err := drain(ctx, export); err != nil {
+		t.Fatal(err)
+	}
+	if err := drain(metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "n2"), export); err != nil {
+		t.Fatal(err)
+	}
+	if err := drain(ctx, backup); err == nil {
+		t.Fatal("Backup on the fake succeeded")
+	}
+	text := scrape(t, m)
+	for _, w := range []string{
+		`dedup_requests_total{code="OK",op="export",origin="client"} 1`,
+		`dedup_requests_total{code="OK",op="export",origin="forwarded"} 1`,
+		`dedup_requests_total{code="Unimplemented",op="backup",origin="client"} 1`,
+		`dedup_request_duration_seconds_count{op="export"} 2`,
+	} {
+		if !strings.Contains(text, w) {
+			t.Errorf("exposition lacks %q", w)
+		}
+	}
+	if strings.Contains(text, `dedup_batch_items_bucket{op="export"`) {
+		t.Error("a stream recorded a batch size")
+	}
+}

@@ -150,10 +150,11 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.started = time.Now()
 	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Source: metrics.SourceFunc(s.metricsSnapshot)})
 	msg := maxMsgBytes(cfg.MaxBatch)
-	// The metrics interceptor comes first, so calls that later interceptors
+	// The metrics interceptors come first, so calls that later interceptors
 	// (access control from ServerOptions) refuse are counted too.
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg),
-		grpc.ChainUnaryInterceptor(s.metrics.UnaryServerInterceptor())}, cfg.ServerOptions...)...)
+		grpc.ChainUnaryInterceptor(s.metrics.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)
 	dedupv1.RegisterInternalServer(s.grpc, s)
