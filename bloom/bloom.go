@@ -5,9 +5,12 @@
 //
 // Filters come from github.com/bits-and-blooms/bloom/v3 (Bloom 1970;
 // sizing per Kirsch & Mitzenmacher double hashing). A bucket that outgrows
-// its expected size gets another, larger filter with a tighter rate, as in
-// scalable Bloom filters (Almeida et al. 2007), so the bucket's compound
-// false-positive rate stays below the configured one.
+// its first filter gets another one with a tighter rate, as in scalable
+// Bloom filters (Almeida et al. 2007), so the bucket's compound
+// false-positive rate stays below the configured one. Such a chain costs
+// 20–25 bits per ID where one right-sized filter costs 9.7, so the owner
+// compacts it (BeginCompact) into one filter sized for the bucket's live
+// IDs, rebuilt from storage, once the bucket stops growing.
 //
 // A Filters value is safe for concurrent use.
 package bloom
@@ -24,8 +27,11 @@ import (
 
 // Config sizes the filters.
 type Config struct {
-	// ExpectedPerBucket is the number of IDs one bucket's first filter is
-	// sized for (default 100 000). Larger buckets chain more filters.
+	// ExpectedPerBucket is the number of IDs the first filter of a bucket
+	// is sized for when nothing better is known: the namespace has no other
+	// bucket to size it like (default 100 000). Buckets that outgrow it
+	// chain more filters until compacted; smaller ones are shrunk by
+	// compaction.
 	ExpectedPerBucket uint
 	// FPRate is the target false-positive rate per bucket, in (0, 0.5]
 	// (default 0.01).
@@ -42,6 +48,42 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Sizing of chains. A chain's false-positive budget is FPRate: a lookup of
+// an absent ID answers "maybe" if any segment does, so the chain's rate is
+// at most the sum of its segments' rates (Almeida et al. 2007, "Scalable
+// Bloom Filters", Inf. Process. Lett. 101(6), §3: P ≤ Σ P0·r^i).
+const (
+	// firstShare of the budget goes to a chain's first filter when its
+	// size is known and to a compacted filter: at 0.95% a right-sized
+	// filter costs 9.69 bits per ID (7 hashes; 9.59 at exactly 1%), so
+	// a namespace's 32 compacted buckets plus its newest, still filling
+	// one stay under 10 bits per live ID (9.69 × 33/32 = 9.99), and the
+	// remaining 0.05% pays for growth segments should a bucket grow
+	// after all.
+	firstShare = 0.95
+	// blindShare is the first filter's share when its size is a guess
+	// (ExpectedPerBucket): growth is likely, so the budget is split as in
+	// Almeida et al. with r = 1/2 (P/2, P/4, ...), which costs less over
+	// a chain of doublings than 0.9P followed by tight segments.
+	blindShare = 0.5
+	// Each further segment gets half the budget left after the segments
+	// before it (their estimated rates at their actual fill), i.e. the
+	// tightening ratio r = 1/2 of Almeida et al., made robust to segments
+	// filled past their design size.
+	tighten = 0.5
+	// minSegment is the smallest growth segment, in IDs.
+	minSegment = 64
+	// minFirst bounds from below the first filter of a chain sized like
+	// the namespace's newest bucket, so a hint of a handful of IDs does not
+	// start a chain of dozens of doublings.
+	minFirst = 1024
+	// A chain is worth compacting when its bits exceed those of a
+	// compacted filter for its live IDs by compactWaste (and by at least
+	// compactMinBits, so tiny chains are not rebuilt to save a few words).
+	compactWaste   = 1.1
+	compactMinBits = 1024
+)
+
 // Key identifies one bucket's filter chain.
 type Key struct {
 	Namespace uint32
@@ -57,6 +99,22 @@ type segment struct {
 
 type chain struct {
 	segs []segment
+	// sized says the first segment was sized from knowledge (the
+	// namespace's newest bucket, a rebuild's record count, a compaction),
+	// so the first growth segment is small (see growLocked).
+	sized bool
+	// pending receives the IDs added while a compaction of this chain
+	// runs; it has the new filter's m and k, so it is OR-ed into it.
+	pending  *bbloom.BloomFilter
+	pendingN uint
+	// compactedN is the number of IDs at the last compaction (0: never);
+	// seenN the count at the last CompactionCandidates call, to tell
+	// chains that stopped growing.
+	compactedN uint
+	seenN      uint
+	// growing: the last CompactionCandidates call saw IDs arrive, so a
+	// compaction now gets headroom; exact: the last compaction had none.
+	growing, exact bool
 }
 
 // n is the number of IDs added to the chain.
@@ -66,6 +124,32 @@ func (c *chain) n() uint {
 		n += c.segs[i].n
 	}
 	return n
+}
+
+// bits is the chain's filter memory in bits (whole 64-bit words).
+func (c *chain) bits() uint64 {
+	var b uint64
+	for i := range c.segs {
+		b += wordBits(c.segs[i].f.Cap())
+	}
+	return b
+}
+
+func wordBits(m uint) uint64 { return (uint64(m) + 63) &^ 63 }
+
+// newFilter returns a filter for n IDs at rate p whose m is rounded up to
+// whole words (the bitset allocates them anyway; the extra bits only lower
+// the rate).
+func newFilter(n uint, p float64) *bbloom.BloomFilter {
+	m, k := bbloom.EstimateParameters(max(n, 1), p)
+	return bbloom.New(uint(wordBits(m)), k)
+}
+
+// estRate is the expected false-positive rate of a filter holding n IDs:
+// (1 - e^(-kn/m))^k (Bloom 1970; Broder & Mitzenmacher 2004).
+func estRate(f *bbloom.BloomFilter, n uint) float64 {
+	k, m := float64(f.K()), float64(f.Cap())
+	return math.Pow(1-math.Exp(-k*float64(n)/m), k)
 }
 
 // mayContain tests every segment with locations computed once.
@@ -184,8 +268,9 @@ func (f *Filters) AddProbe(k Key, p *Probe) {
 
 // AddIfLive is Add for rebuilds: it only adds if live(k) holds under the
 // lock, so a rebuild racing with bucket drops leaves no dead chains.
-// sizeHint, when larger than ExpectedPerBucket, sizes the first filter of
-// a chain created now (the rebuild knows each bucket's record count).
+// sizeHint, when not 0, sizes the first filter of a chain created now (the
+// rebuild knows each bucket's record count), so a rebuilt bucket gets one
+// right-sized filter.
 func (f *Filters) AddIfLive(k Key, data []byte, sizeHint uint, live func(Key) bool) {
 	var p Probe
 	p.Reset(data)
@@ -201,37 +286,68 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 	if c == nil {
 		c = &chain{}
 		f.chains[k] = c
-		f.indexLocked(k, c)
 		if sizeHint == 0 {
-			sizeHint = f.newestLocked(k.Namespace, k.Bucket)
+			// Under a steady load each bucket receives about what the
+			// namespace's newest one did.
+			if h := f.newestLocked(k.Namespace, k.Bucket); h > 0 {
+				sizeHint = max(h, min(minFirst, f.cfg.ExpectedPerBucket))
+			}
 		}
+		f.indexLocked(k, c)
 	}
 	if len(c.segs) == 0 || c.segs[len(c.segs)-1].n >= c.segs[len(c.segs)-1].limit {
-		i := len(c.segs)
-		// Segment i holds twice segment i-1's IDs at rate FPRate/2^(i+1):
-		// the rates sum to less than FPRate. Segment 0 holds
-		// ExpectedPerBucket IDs, or as many as the hint (the newest other
-		// bucket of the namespace; the bucket's count in a rebuild), so a
-		// steady load gets one right-sized filter per bucket and a lookup
-		// tests one filter per bucket, not one per doubling.
-		var n uint
-		if i == 0 {
-			n = max(f.cfg.ExpectedPerBucket, min(sizeHint, 1<<32))
-		} else {
-			n = c.segs[i-1].limit * 2
-		}
-		p := f.cfg.FPRate / math.Pow(2, float64(i+1))
-		bf := bbloom.NewWithEstimates(n, p)
-		f.maxK = max(f.maxK, bf.K())
-		c.segs = append(c.segs, segment{f: bf, limit: n})
+		f.growLocked(c, sizeHint)
 	}
 	s := &c.segs[len(c.segs)-1]
-	m := uint64(s.f.Cap())
-	bs := s.f.BitSet()
-	for _, l := range p.locations(s.f.K())[:s.f.K()] {
-		bs.Set(uint(l % m)) // as BloomFilter.Add does
-	}
+	setBits(s.f, p)
 	s.n++
+	if c.pending != nil {
+		setBits(c.pending, p)
+		c.pendingN++
+	}
+}
+
+// setBits sets p's bits in bf, as BloomFilter.Add does.
+func setBits(bf *bbloom.BloomFilter, p *Probe) {
+	m := uint64(bf.Cap())
+	bs := bf.BitSet()
+	for _, l := range p.locations(bf.K())[:bf.K()] {
+		bs.Set(uint(l % m))
+	}
+}
+
+// growLocked appends a segment to c. The first holds sizeHint IDs at
+// firstShare of the budget, or ExpectedPerBucket at blindShare; each
+// further one gets half the budget the others left (tighten) and twice
+// the previous one's size (Almeida et al.'s growth factor s = 2), except
+// that a sized chain's first growth segment is a quarter of the first
+// filter (an overflow of a well-sized bucket is usually small).
+func (f *Filters) growLocked(c *chain, sizeHint uint) {
+	P := f.cfg.FPRate
+	var n uint
+	var p float64
+	if len(c.segs) == 0 {
+		n, p = f.cfg.ExpectedPerBucket, P*blindShare
+		if sizeHint > 0 {
+			n, p, c.sized = min(sizeHint, 1<<32), P*firstShare, true
+		}
+	} else {
+		used := 0.0
+		for i := range c.segs {
+			used += estRate(c.segs[i].f, c.segs[i].n)
+		}
+		last := max(c.segs[len(c.segs)-1].limit, c.segs[len(c.segs)-1].n)
+		if c.sized && len(c.segs) == 1 {
+			n = last / 4
+		} else {
+			n = last * 2
+		}
+		n = max(n, minSegment)
+		p = max((P-used)*tighten, P/(1<<20))
+	}
+	bf := newFilter(n, p)
+	f.maxK = max(f.maxK, bf.K())
+	c.segs = append(c.segs, segment{f: bf, limit: n})
 }
 
 // indexLocked inserts a new chain into its namespace's index.
@@ -354,11 +470,16 @@ func (f *Filters) Observe(maybe, found bool) {
 
 // Stats describes the filters' memory and accuracy.
 type Stats struct {
-	Filters     uint64
+	Filters uint64
+	// MemoryBytes is the filters' bit arrays (whole words), including
+	// those of compactions in progress.
 	MemoryBytes uint64
-	IDs         uint64
-	BitsPerID   float64
-	FPRate      float64 // configured
+	// IDs counts the IDs added to the chains: a compacted chain counts the
+	// live IDs it was rebuilt from, so after compaction this is the live
+	// count (IDs moved or deleted since still count until the next one).
+	IDs       uint64
+	BitsPerID float64
+	FPRate    float64 // configured
 	// ObservedFPRate is false positives / (false positives + true
 	// negatives): among lookups of absent IDs, the share the filters
 	// answered "maybe".
@@ -375,8 +496,11 @@ func (f *Filters) Stats() Stats {
 	for _, c := range f.chains {
 		for _, seg := range c.segs {
 			s.Filters++
-			s.MemoryBytes += uint64(seg.f.Cap() / 8)
 			s.IDs += uint64(seg.n)
+		}
+		s.MemoryBytes += c.bits() / 8
+		if c.pending != nil {
+			s.MemoryBytes += wordBits(c.pending.Cap()) / 8
 		}
 	}
 	s.Ready = f.ready

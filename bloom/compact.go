@@ -1,0 +1,168 @@
+package bloom
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	bbloom "github.com/bits-and-blooms/bloom/v3"
+)
+
+// Compaction rebuilds one bucket's chain into a single filter sized for the
+// bucket's live IDs at firstShare of the rate budget (9.69 bits per ID at
+// 1%): a chain of growing filters costs 15–25 bits per ID (each growth
+// segment is tighter than the last, the newest is partly empty) and a
+// first filter sized for more IDs than arrived wastes the difference.
+// Scalable Bloom filters (Almeida et al. 2007) bound the rate of a growing
+// chain but not its size; compaction restores the size of a filter built
+// for the final count.
+//
+// Bits of one filter cannot be re-hashed into a smaller one, so the IDs
+// come from the owner's storage (Add), not from the old chain; filters of
+// equal m and k can be OR-ed, so IDs added to the bucket while the
+// compaction runs go to a pending filter with the new one's m and k (as
+// well as to the old chain, which keeps answering) and are OR-ed in by
+// Finish. No ID can be lost in between: see BeginCompact.
+//
+// A Compaction is used by one goroutine.
+type Compaction struct {
+	f       *Filters
+	k       Key
+	c       *chain
+	nf      *bbloom.BloomFilter
+	pending *bbloom.BloomFilter
+	limit   uint
+	n       uint
+	exact   bool
+	probe   Probe
+}
+
+// idealBits is the size of a compacted filter for n IDs.
+func (f *Filters) idealBits(n uint) uint64 {
+	m, _ := bbloom.EstimateParameters(max(n, 1), f.cfg.FPRate*firstShare)
+	return wordBits(m)
+}
+
+// CompactionCandidates appends to dst, sorted, the chains worth compacting
+// now, given live(k): the bucket's live ID count and whether the bucket
+// still exists. A chain is a candidate when its bits exceed a compacted
+// filter's for its live IDs by compactWaste (and compactMinBits) and
+//   - it received no ID since the previous call (the bucket stopped
+//     growing: its span is past now + TTL, or the load stopped) and,
+//     if it was compacted so before, its ID count changed by 10% since,
+//     or
+//   - it doubled its IDs since it was last compacted (or since its first
+//     filter), so a bucket that keeps growing is compacted O(log n) times,
+//     scanning each ID about twice in all.
+//
+// Callers poll it (fsm: every few seconds); each call also records the
+// chains' counts for the next call's "no ID since" test. Nothing while the
+// filters are not ready.
+func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), dst []Key) []Key {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.ready {
+		return dst
+	}
+	start := len(dst)
+	for k, c := range f.chains {
+		n := c.n()
+		quiet := n == c.seenN
+		c.seenN, c.growing = n, !quiet
+		if c.pending != nil || len(c.segs) == 0 {
+			continue
+		}
+		l, ok := live(k)
+		if !ok {
+			continue
+		}
+		ideal, bits := f.idealBits(l), c.bits()
+		if float64(bits) <= float64(ideal)*compactWaste || bits < ideal+compactMinBits {
+			continue
+		}
+		base := c.compactedN
+		changed := !c.exact || n >= base+base/10 || l*11 <= base*10
+		if base == 0 {
+			base = c.segs[0].limit
+		}
+		if (quiet && changed) || n >= 2*base {
+			dst = append(dst, k)
+		}
+	}
+	slices.SortFunc(dst[start:], func(a, b Key) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Bucket, b.Bucket))
+	})
+	return dst
+}
+
+// BeginCompact starts a compaction of k's chain for live IDs, or returns
+// nil if there is nothing to compact (no chain, one already compacting,
+// filters not ready).
+//
+// The caller must then pass to Add every ID its bucket held at the moment
+// of this call, and call Finish (or Abort). IDs added to the bucket after
+// this call (through Add/AddProbe/AddIfLive of f) need not be passed: they
+// reach the new filter through the pending one. So the caller must call
+// BeginCompact and capture its source (fsm: a Pebble snapshot) with every
+// adder excluded (fsm: under fsm.mu, which apply holds exclusively while it
+// adds IDs and commits them): an ID committed before the capture is in the
+// source, one added after BeginCompact is in the pending filter. IDs that
+// are both are harmless (set bits twice, count twice).
+func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.chains[k]
+	if !f.ready || c == nil || c.pending != nil {
+		return nil
+	}
+	limit := max(live, 1)
+	if c.growing {
+		// IDs keep arriving, also while the compaction runs: without
+		// headroom the new filter would start over-full (rate above its
+		// share). The next quiet poll compacts it exactly.
+		limit += limit / 4
+	}
+	nf := newFilter(limit, f.cfg.FPRate*firstShare)
+	c.pending, c.pendingN = bbloom.New(nf.Cap(), nf.K()), 0
+	return &Compaction{f: f, k: k, c: c, nf: nf, pending: c.pending, limit: limit, exact: !c.growing}
+}
+
+// Add adds an ID (from HashKey) of the bucket to the new filter. It takes
+// no lock: the new filter is private until Finish.
+func (cp *Compaction) Add(data []byte) {
+	cp.probe.Reset(data)
+	setBits(cp.nf, &cp.probe)
+	cp.n++
+}
+
+// Finish swaps the new filter in for the chain, with the IDs added since
+// BeginCompact OR-ed in. It reports false, changing nothing, if the chain
+// was dropped or replaced meanwhile (bucket expired, Reset, Load).
+func (cp *Compaction) Finish() bool {
+	f := cp.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := cp.c
+	if f.chains[cp.k] != c || c.pending != cp.pending {
+		return false
+	}
+	if err := cp.nf.Merge(c.pending); err != nil {
+		panic(fmt.Sprintf("bloom: pending filter differs from the compacted one: %v", err)) // same m and k by construction
+	}
+	n := cp.n + c.pendingN
+	c.segs = []segment{{f: cp.nf, n: n, limit: cp.limit}}
+	c.pending, c.pendingN = nil, 0
+	c.sized, c.compactedN, c.seenN, c.exact = true, n, n, cp.exact
+	f.maxK = max(f.maxK, cp.nf.K())
+	return true
+}
+
+// Abort ends a compaction without changing the chain.
+func (cp *Compaction) Abort() {
+	f := cp.f
+	f.mu.Lock()
+	if cp.c.pending == cp.pending {
+		cp.c.pending, cp.c.pendingN = nil, 0
+	}
+	f.mu.Unlock()
+}
