@@ -11,7 +11,8 @@ import (
 )
 
 // background runs the work tied to one open database: the Bloom filter
-// rebuild at open/restore, and compactions of dropped bucket ranges so range
+// rebuild at open/restore, compaction of Bloom filter chains
+// (bloomcompact.go), and compactions of dropped bucket ranges so range
 // deletions turn into free disk space.
 type background struct {
 	cancel    context.CancelFunc
@@ -27,8 +28,9 @@ type background struct {
 func startBackground(f *FSM) *background {
 	ctx, cancel := context.WithCancel(context.Background())
 	bg := &background{cancel: cancel, compactCh: make(chan []keyRange, 64)}
-	bg.wg.Add(1)
+	bg.wg.Add(2)
 	go bg.compactor(ctx, f, f.db)
+	go bg.bloomCompactor(ctx, f)
 	if f.filters.Ready() {
 		return bg
 	}

@@ -409,5 +409,10 @@ func (f *FSM) Stats() Stats {
 	}
 	f.mu.RUnlock()
 	s.Bloom = f.filters.Stats()
+	// Per stored ID (the filters count IDs added, including ones moved or
+	// deleted since): the figure of the "≤ 10 bits per live ID" target.
+	if s.IDsStored > 0 {
+		s.Bloom.BitsPerID = float64(s.Bloom.MemoryBytes*8) / float64(s.IDsStored)
+	}
 	return s
 }

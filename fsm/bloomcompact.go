@@ -1,0 +1,97 @@
+package fsm
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// bloomCompactEvery is how often the background goroutine asks the Bloom
+// filters which chains are worth compacting: a bucket counts as no longer
+// growing after one whole interval without a new ID.
+const bloomCompactEvery = 2 * time.Second
+
+// bloomCompactor polls compactFilters until ctx ends.
+func (bg *background) bloomCompactor(ctx context.Context, f *FSM) {
+	defer bg.wg.Done()
+	t := time.NewTicker(bloomCompactEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := f.compactFilters(ctx); err != nil && ctx.Err() == nil {
+				f.log.Warn("bloom compaction failed; the chain keeps its filters", "err", err)
+			}
+		}
+	}
+}
+
+// compactFilters rebuilds every chain bloom.CompactionCandidates names (a
+// bucket's chain of growing filters, or a filter sized for more IDs than
+// arrived) into one filter sized for the bucket's live records, read from
+// a Pebble snapshot. Runs on the background goroutine (stopped before the
+// database is closed or swapped).
+func (f *FSM) compactFilters(ctx context.Context) error {
+	f.mu.RLock()
+	keys := f.filters.CompactionCandidates(func(k bloom.Key) (uint, bool) {
+		n, ok := f.st.counts[k]
+		return uint(n), ok
+	}, nil)
+	f.mu.RUnlock()
+	for _, k := range keys {
+		if err := f.compactChain(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
+	// Begin and snapshot under f.mu: apply holds it exclusively while it
+	// adds IDs to the filters and commits them, so every record is either
+	// in the snapshot or added after BeginCompact (and so OR-ed in by
+	// Finish): no false negative.
+	f.mu.RLock()
+	n, live := f.st.counts[k]
+	var cp *bloom.Compaction
+	if live {
+		cp = f.filters.BeginCompact(k, uint(n))
+	}
+	if cp == nil {
+		f.mu.RUnlock()
+		return nil
+	}
+	snap := f.db.NewSnapshot()
+	f.mu.RUnlock()
+	defer snap.Close()
+	start, end := storage.BucketRange(k.Namespace, k.Bucket)
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
+	if err != nil {
+		cp.Abort()
+		return err
+	}
+	var hkey []byte
+	i := 0
+	for it.First(); it.Valid(); it.Next() {
+		if i++; i%4096 == 0 && ctx.Err() != nil {
+			break
+		}
+		if _, _, id, ok := storage.ParseRecordKey(it.Key()); ok {
+			hkey = bloom.HashKey(hkey[:0], k.Namespace, id)
+			cp.Add(hkey)
+		}
+	}
+	if err := errors.Join(ctx.Err(), it.Error(), it.Close()); err != nil {
+		cp.Abort()
+		return err
+	}
+	cp.Finish()
+	return nil
+}

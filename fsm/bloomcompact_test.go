@@ -1,0 +1,110 @@
+package fsm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// Compaction brings a bucket's grown chain to one filter of ≤ 10 bits per
+// live ID, and no stored ID is ever answered "not seen": not while marks
+// are applied during the compaction, not after Save/Load, not after a
+// rebuild.
+func TestBloomCompactionKeepsEveryIDAndShrinksFilters(t *testing.T) {
+	h := newHarness(t) // ExpectedPerBucket 1000
+	const ttl = 3_600_000
+	// markRange marks id-from..id-to-1 and returns how many did not answer
+	// NEW (it may run on another goroutine: no Fatal).
+	markRange := func(from, to int) (notNew int) {
+		for i := from; i < to; i += 500 {
+			op := Op{Kind: OpMark, DurationMs: ttl}
+			for j := i; j < min(i+500, to); j++ {
+				op.Items = append(op.Items, Item{ID: fmt.Appendf(nil, "id-%d", j)})
+			}
+			h.index++
+			res, ok := h.f.Apply(logOf(h.index, &Command{TimestampMs: t0, Ops: []Op{op}})).(*ApplyResult)
+			if !ok || res.Ops[0].Err != nil {
+				return to - from
+			}
+			for _, it := range res.Ops[0].Items {
+				if it.Code != CodeNew {
+					notNew++
+				}
+			}
+		}
+		return notNew
+	}
+	checkAll := func(what string, f *FSM, n int) {
+		t.Helper()
+		ids := make([][]byte, 0, n)
+		for i := range n {
+			ids = append(ids, fmt.Appendf(nil, "id-%d", i))
+		}
+		res, err := f.Check("", ids, t0+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if r.Code != CodeSeen {
+				t.Fatalf("%s: id-%d answers %s: a Bloom false negative", what, i, r.Code)
+			}
+		}
+	}
+	if n := markRange(0, 20_000); n != 0 {
+		t.Fatalf("%d marks did not answer NEW", n)
+	}
+	if st := h.f.Stats().Bloom; st.Filters < 3 || st.BitsPerID <= 10 {
+		t.Fatalf("before compaction: %+v, want a grown chain", st)
+	}
+	ctx := context.Background()
+	// The first poll records the chains' counts; the second finds the
+	// bucket quiet. Marks applied meanwhile must survive the swap.
+	if err := h.f.compactFilters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var notNew int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		notNew = markRange(20_000, 22_000)
+	}()
+	if err := h.f.compactFilters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if notNew != 0 {
+		t.Fatalf("%d marks during compaction did not answer NEW", notNew)
+	}
+	for range 2 {
+		if err := h.f.compactFilters(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := h.f.Stats().Bloom
+	t.Logf("after compaction: %d filters, %d IDs, %.2f bits/ID", st.Filters, st.IDs, st.BitsPerID)
+	if st.Filters != 1 || st.BitsPerID > 10 {
+		t.Fatalf("after compaction: %+v, want one filter of ≤ 10 bits per ID", st)
+	}
+	checkAll("after compaction", h.f, 22_000)
+	h.reopen() // Save at Close, Load at open
+	if !h.f.filters.Ready() {
+		t.Fatal("saved filters not loaded")
+	}
+	checkAll("after reopen", h.f, 22_000)
+	// A rebuild sizes each bucket's filter from its record count.
+	h.f.filters.Reset()
+	snap := h.f.db.NewSnapshot()
+	err := h.f.rebuildFilters(ctx, snap)
+	snap.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.f.filters.SetReady(true)
+	if st := h.f.Stats().Bloom; st.Filters != 1 || st.BitsPerID > 10 {
+		t.Fatalf("after rebuild: %+v", st)
+	}
+	checkAll("after rebuild", h.f, 22_000)
+	wantCode(t, "absent", h.check(t0+2, "never"), CodeNotSeen)
+}
