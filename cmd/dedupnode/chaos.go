@@ -31,7 +31,10 @@ guarantees of dedupnode (README, section Guarantees, numbers in parentheses):
                        acknowledged write completed
   retry_first_answer   (7) a retried write gets its first answer back
   replicas_identical   (5) every node ends with the same record for every ID
-  converged            every node caught up and answered
+  state_digests        (5) every node reports the same state digest at the
+                       same applied index (as 'dedupnode digest' checks)
+  converged            every node caught up, answered and reported its
+                       digest
 
 Modes:
   process  N local 'dedupnode serve' processes (this binary) on loopback, with

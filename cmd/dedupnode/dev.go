@@ -37,6 +37,7 @@ type devFlags struct {
 	maxBatch  int
 	logLevel  string
 	logFormat string
+	adminAddr string
 }
 
 const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
@@ -51,12 +52,21 @@ in DIR/dev-ports.json, so a restart with the same --data-dir reuses them).
 
 Without --data-dir the data lives in a fresh temporary folder, deleted on
 exit. With --data-dir it is kept and a later run with the same folder starts
-from it (node i in DIR/n<i+1>).`
+from it (node i in DIR/n<i+1>).
+
+--admin-addr HOST:PORT serves each node's admin HTTP listener (Prometheus
+/metrics, the status page at /, /healthz) as 'serve --admin-addr' does: node
+i on PORT+i, or on free ports with PORT 0; the addresses are printed.
+
+Dev has no TLS or token flags: it is a loopback playground in one process,
+with namespaces created on first use. To try TLS (--tls-cert, --tls-key,
+--tls-ca, --tls-client-ca) or access tokens (--auth-file), run 'serve'
+nodes: README, section Operations, sets up a TLS cluster in five commands.`
 
 func newDevCmd(e *env) *cobra.Command {
 	f := &devFlags{}
 	cmd := &cobra.Command{
-		Use:   "dev [--nodes 3] [--data-dir DIR] [--base-port 7070]",
+		Use:   "dev [--nodes 3] [--data-dir DIR] [--base-port 7070] [--admin-addr HOST:PORT]",
 		Short: "Run a local N-node cluster in one process (for trying dedupnode out and for tests)",
 		Long:  devLong,
 		Example: strings.ReplaceAll(`  dedupnode dev
@@ -64,7 +74,7 @@ func newDevCmd(e *env) *cobra.Command {
   dedupnode dev --data-dir /tmp/dd --base-port 0`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format"); err != nil {
+			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format", "admin-addr"); err != nil {
 				return err
 			}
 			return runDev(e, f)
@@ -77,6 +87,7 @@ func newDevCmd(e *env) *cobra.Command {
 	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.StringVar(&f.logLevel, "log-level", "error", "node log `LEVEL` on stderr: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
+	fs.StringVar(&f.adminAddr, "admin-addr", "", "admin HTTP listener (/metrics, status page, /healthz) of the first node at `HOST:PORT`; node i uses PORT+i; PORT 0 = free ports; off when empty")
 	return cmd
 }
 
@@ -85,6 +96,33 @@ type devNode struct {
 	ID   string `json:"id"`
 	GRPC string `json:"grpc"`
 	Raft string `json:"raft"`
+	// Admin is the admin HTTP address this run (not kept in dev-ports.json).
+	Admin string `json:"-"`
+}
+
+// devAdminAddrs spreads --admin-addr HOST:PORT over n nodes: PORT+i, or
+// port 0 for every node. Nil when the flag is empty.
+func devAdminAddrs(flag string, n int) ([]string, error) {
+	if flag == "" {
+		return nil, nil
+	}
+	host, portS, err := net.SplitHostPort(flag)
+	if err != nil {
+		return nil, usagef("--admin-addr %q: want HOST:PORT (%v)", flag, err)
+	}
+	port, err := strconv.Atoi(portS)
+	if err != nil || port < 0 || port > 65535-n+1 {
+		return nil, usagef("--admin-addr %q: want a port from 0 (free ports) to %d", flag, 65535-n+1)
+	}
+	out := make([]string, n)
+	for i := range out {
+		p := port
+		if p != 0 {
+			p += i
+		}
+		out[i] = net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	return out, nil
 }
 
 func runDev(e *env, f *devFlags) (err error) {
@@ -96,6 +134,10 @@ func runDev(e *env, f *devFlags) (err error) {
 	}
 	if f.maxBatch < 1 {
 		return usagef("--max-batch must be at least 1")
+	}
+	adminAddrs, err := devAdminAddrs(f.adminAddr, f.nodes)
+	if err != nil {
+		return err
 	}
 	logger, level, err := newLeveledLogger(e.stderr, f.logLevel, f.logFormat)
 	if err != nil {
@@ -148,6 +190,9 @@ func runDev(e *env, f *devFlags) (err error) {
 				AutoCreateNamespaces: true,
 				MaxBatch:             f.maxBatch,
 			}
+			if adminAddrs != nil {
+				cfg.AdminAddr = adminAddrs[i]
+			}
 			if lns != nil { // ports taken from the OS: hand over the bound sockets
 				cfg.Listener, cfg.Cluster.RaftListener = lns[2*i], lns[2*i+1]
 			}
@@ -176,6 +221,11 @@ func runDev(e *env, f *devFlags) (err error) {
 			return nil
 		}
 		return &opError{err: fmt.Errorf("dev cluster elected no leader within 30s: %w", err), hint: "re-run with --log-level info to see why"}
+	}
+	if adminAddrs != nil {
+		for i, s := range servers {
+			nodes[i].Admin = s.AdminAddr()
+		}
 	}
 	printDev(e.stdout, e.progName, dir, temp, nodes, leader)
 
@@ -320,7 +370,11 @@ func printDev(w io.Writer, prog, dir string, temp bool, nodes []devNode, leader 
 		if n.ID == leader {
 			role = "  (leader)"
 		}
-		fmt.Fprintf(w, "  %s  grpc %s  raft %s%s\n", n.ID, n.GRPC, n.Raft, role)
+		admin := ""
+		if n.Admin != "" {
+			admin = "  admin http://" + n.Admin + "/"
+		}
+		fmt.Fprintf(w, "  %s  grpc %s  raft %s%s%s\n", n.ID, n.GRPC, n.Raft, admin, role)
 	}
 	all := strings.Join(addrs, ",")
 	fmt.Fprintf(w, "addrs: %s\n\n", all)

@@ -146,7 +146,7 @@ not answer, or no common applied index was seen within --timeout.`,
 		}),
 	}
 	f.register(cmd)
-	cmd.Flags().Lookup("timeout").Usage = "give up after this `DURATION`: finding the members, then waiting for every node to report the same applied index"
-	cmd.Flags().DurationVar(&interval, "interval", 200*time.Millisecond, "time between rounds of questions while the nodes' applied indexes differ (`DURATION`)")
+	cmd.Flags().Lookup("timeout").Usage = "give up finding the members, and then waiting for every node to report the same applied index, after this `DURATION` each"
+	cmd.Flags().DurationVar(&interval, "interval", 200*time.Millisecond, "wait this `DURATION` between rounds of questions while the nodes' applied indexes differ")
 	return cmd
 }
