@@ -15,7 +15,8 @@
 //	               SEEN (a follower asks the leader for a read index and
 //	               answers from its own state)
 //	snapshot_ms    its last snapshot index is above zero (a fresh follower:
-//	               the snapshot it was sent is installed)
+//	               the snapshot it was sent is in its snapshot store; it
+//	               is restored into the state machine after that)
 //	voter_ms       it is a voter in its own view of the configuration
 //	bloom_ms       its Bloom filters are ready (loaded or rebuilt)
 //
