@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,12 +16,14 @@ const certsLong = `Create a development certificate authority and certificates f
 node and one client, using only the Go standard library:
 
   DIR/ca.crt, DIR/ca.key        the CA (reused if both already exist, so
-                                nodes can be added later)
+                                nodes can be added later: run certs again
+                                with the new --nodes only)
   DIR/<node>.crt, DIR/<node>.key  one per --nodes name: server and client
                                 certificate for gRPC and Raft; SANs are the
                                 node name, localhost, 127.0.0.1, ::1 and --hosts
   DIR/client.crt, DIR/client.key  a client-only certificate (cannot act as a
-                                node, even though the same CA signed it)
+                                node, even though the same CA signed it);
+                                kept if both exist when nodes are added
 
 Keys are ECDSA P-256, written with mode 0600. Keep ca.key off the nodes.
 
@@ -45,7 +48,10 @@ func newCertsCmd() *cobra.Command {
 		Use:   "certs --out DIR --nodes n1,n2,n3",
 		Short: "Create a development CA and node/client certificates for TLS",
 		Long:  certsLong,
-		Args:  cobra.NoArgs,
+		Example: `  dedupnode certs --out certs --nodes n1,n2,n3
+  dedupnode certs --out certs --nodes n4 --hosts 10.0.0.4,n4.internal   # add a node later (same CA)
+  dedupnode certs --out certs --nodes n1,n2,n3 --no-client --force      # renew the node certificates`,
+		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
 				return usagef("--out is required: the directory to write the certificates to")
@@ -61,6 +67,13 @@ func newCertsCmd() *cobra.Command {
 			}
 			if validity < 0 {
 				return usagef("--validity must be positive")
+			}
+			// Adding nodes to an existing DIR keeps its client
+			// certificate, as it keeps the CA (--force replaces it).
+			keptClient := false
+			if !noClient && !force && len(names) > 0 && !cmd.Flags().Changed("client-name") &&
+				fileExists(filepath.Join(out, "client.crt")) && fileExists(filepath.Join(out, "client.key")) {
+				noClient, keptClient = true, true
 			}
 			written, err := security.WriteDevPKI(out, security.DevPKIOptions{
 				Nodes:    names,
@@ -83,7 +96,10 @@ func newCertsCmd() *cobra.Command {
 			ca := filepath.Join(out, "ca.crt")
 			fmt.Fprintf(w, "\nserve with:   --tls-cert %s --tls-key %s --tls-ca %s --tls-client-ca %s\n",
 				filepath.Join(out, "<node>.crt"), filepath.Join(out, "<node>.key"), ca, ca)
-			if !noClient {
+			if keptClient {
+				fmt.Fprintf(w, "kept %s and %s (--force replaces them)\n", filepath.Join(out, "client.crt"), filepath.Join(out, "client.key"))
+			}
+			if !noClient || keptClient {
 				fmt.Fprintf(w, "clients use:  --tls-ca %s --tls-cert %s --tls-key %s\n",
 					ca, filepath.Join(out, "client.crt"), filepath.Join(out, "client.key"))
 			}
@@ -100,4 +116,9 @@ func newCertsCmd() *cobra.Command {
 	validity = security.DefaultCertValidity
 	fs.Var(durationValue{&validity}, "validity", "validity `DURATION` of the node and client certificates (capped at the CA's expiry)")
 	return cmd
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -43,6 +43,19 @@ func TestCertsCommand(t *testing.T) {
 	if code, _, errb := runCLI(t, ctx, "", "certs", "--out", dir, "--nodes", "n3", "--no-client"); code != 0 {
 		t.Errorf("adding n3: exit %d: %s", code, errb)
 	}
+	// Also without --no-client: the existing client certificate is kept,
+	// as the CA is.
+	clientBefore, _ := os.ReadFile(filepath.Join(dir, "client.crt"))
+	code, out, errb = runCLI(t, ctx, "", "certs", "--out", dir, "--nodes", "n4")
+	if code != 0 || !strings.Contains(out, "kept "+filepath.Join(dir, "client.crt")) {
+		t.Errorf("adding n4: exit %d, stdout %q, stderr %q", code, out, errb)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "n4.crt")); err != nil {
+		t.Error(err)
+	}
+	if clientAfter, _ := os.ReadFile(filepath.Join(dir, "client.crt")); string(clientBefore) != string(clientAfter) {
+		t.Error("client.crt replaced while adding a node without --force")
+	}
 
 	for _, args := range [][]string{
 		{"certs", "--nodes", "n1"},
