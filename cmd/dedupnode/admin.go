@@ -336,7 +336,8 @@ func newTransferLeaderCmd(e *env) *cobra.Command {
 		Short: "Hand leadership to another voter (before maintenance on the leader)",
 		Long: `Transfer-leader asks the current leader to hand leadership to the voter
 NODE_ID, or, without NODE_ID, to the most up-to-date voter. Writes pause
-for the moment of the hand-over and clients follow the new leader.`,
+for the moment of the hand-over and clients follow the new leader. If
+NODE_ID leads already, it says so and exits 0.`,
 		Example: strings.ReplaceAll(`  dedupnode transfer-leader --addr 127.0.0.1:7070
   dedupnode transfer-leader n2`, "dedupnode ", e.progName+" "),
 		Args: cobra.MaximumNArgs(1),
@@ -353,6 +354,10 @@ for the moment of the hand-over and clients follow the new leader.`,
 			ctx, cancel := f.withTimeout(e.ctx)
 			defer cancel()
 			leader, err := c.TransferLeadership(ctx, target)
+			if err != nil && target != "" && strings.Contains(err.Error(), "cannot transfer leadership to itself") {
+				// NODE_ID leads already: what was asked for holds.
+				return report(e.stdout, f.output, map[string]any{"new_leader_id": target}, "%s already leads", target)
+			}
 			if err != nil {
 				return explain(err, f, "")
 			}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -132,7 +134,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR); one reachable node is enough, writes are routed to the leader")
 	fs.DurationVar(&f.timeout, "timeout", 15*time.Second,
 		"give up a request (one batch, with its retries) after this `DURATION`")
-	fs.StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text (tab-separated, one line per item) or json (one object per line)")
+	fs.StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text or json")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "connect over TLS, verifying the nodes with this CA `FILE` (PEM) (env DEDUPNODE_TLS_CA)")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate `FILE` (PEM) for clusters that require mutual TLS (env DEDUPNODE_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")
@@ -245,6 +247,12 @@ func explain(err error, f *clientFlags, namespace string) error {
 			return &opError{err: fmt.Errorf("cannot connect to %s: %s", addrs, msg), hint: h}
 		}
 		if refused(err) {
+			if a := dialedAddr(msg); a != "" && !addrIn(a, f.addrs) {
+				// --addr answered; the member it sent us (or the call) to,
+				// the leader as last known, did not.
+				return &opError{err: fmt.Errorf("the cluster's leader as last known, at %s, accepts no connections (%s); the node at %s is up but knows no other leader yet", a, lastPart(msg), addrs),
+					hint: fmt.Sprintf("electing a new leader needs a majority of the nodes up: start the stopped ones, and see 'dedupnode status --addr %s'", addrs)}
+			}
 			return &opError{err: fmt.Errorf("no node at %s accepts connections (%s)", addrs, lastPart(msg)),
 				hint: "start one (e.g. 'dedupnode dev') or pass --addr HOST:PORT of a running node"}
 		}
@@ -285,7 +293,46 @@ var (
 	rpcPrefixRE = regexp.MustCompile(`rpc error: code = \w+ desc = `)
 	// `connection error: desc = "..."`, gRPC's transport wrapping.
 	connErrorRE = regexp.MustCompile(`connection error: desc = "(.*)"`)
+	// "dial tcp 127.0.0.1:7072: connect: connection refused": the address
+	// a failed connection was for.
+	dialRE = regexp.MustCompile(`dial tcp (\S+): `)
 )
+
+// addrIn reports whether the dialed address a (an IP and port) is one of
+// addrs, whose hosts may be names ("localhost:7070").
+func addrIn(a string, addrs []string) bool {
+	if slices.Contains(addrs, a) {
+		return true
+	}
+	ip, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return true // cannot tell: assume it is
+	}
+	for _, x := range addrs {
+		h, p, err := net.SplitHostPort(x)
+		if err != nil || p != port {
+			continue
+		}
+		if h == "" || h == ip {
+			return true
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ips, err := net.DefaultResolver.LookupHost(ctx, h)
+		cancel()
+		if err != nil || slices.Contains(ips, ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// dialedAddr is the address a failed dial in msg was for, "" if none.
+func dialedAddr(msg string) string {
+	if m := dialRE.FindStringSubmatch(msg); m != nil {
+		return m[1]
+	}
+	return ""
+}
 
 // serverAdvice are the what-to-do suffixes the server adds to its messages
 // (server/errors.go); explain gives its own hint instead.

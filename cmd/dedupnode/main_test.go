@@ -55,7 +55,7 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"no command", nil, "no command"},
 		{"unknown command", []string{"mrak", "x"}, "unknown command"},
 		{"unknown flag", []string{"mark", "--bogus", "x"}, "unknown flag"},
-		{"no ids", []string{"mark"}, "requires at least 1 arg"},
+		{"no ids", []string{"mark"}, "no IDs given: pass them as arguments, or - to read them"},
 		{"empty id", []string{"mark", "a", ""}, "empty ID"},
 		{"empty id in a lease", []string{"commit", "=12"}, "empty ID"},
 		{"bad output", []string{"check", "--output", "yaml", "x"}, "--output"},

@@ -146,8 +146,12 @@ window) is a namespace whose TTL is the window.`,
 	{
 		f, s := &clientFlags{}, &nsSettings{}
 		c := &cobra.Command{
-			Use:     "create [flags] NAME",
-			Short:   "Create a namespace",
+			Use:   "create [flags] NAME",
+			Short: "Create a namespace",
+			Long: `Create a namespace. NAME is 1-128 characters of A-Z a-z 0-9 . _ -,
+starting with a letter or digit. 'serve' answers NotFound for a namespace
+that was not created (unless run with --auto-create-namespaces); 'dev'
+creates namespaces with default settings on first use.`,
 			Example: ex(`  dedupnode namespace create orders --ttl 24h --max-ttl 7d --lease 30s`),
 			Args:    cobra.ExactArgs(1),
 			RunE:    writeNS(f, s, (*client.Client).CreateNamespace),

@@ -205,14 +205,20 @@ IDs come as arguments, or one per line on standard input with "-" (empty
 lines are skipped; an empty argument is a usage error). Output: one line per
 ID: the ID, a tab, the result, then tab-separated details (state=leased,
 fencing_token, expires_at); --output json prints one JSON object per line
-with id, result, state, first_seen, expires_at, fencing_token.
+with id, result and, when they apply, state, first_seen, expires_at,
+fencing_token and request_token.
 
 Exit status: 0 when every ID got an answer — whatever the answers are
 (duplicate, conflict, in_progress, lease_lost are results in the output, not
 errors); 1 when a request failed (the lines printed before it stand, the
 IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		Example: strings.ReplaceAll(o.example, "dedupnode ", e.progName+" "),
-		Args:    cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("no IDs given: pass them as arguments, or - to read them one per line from standard input")
+			}
+			return nil
+		},
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			return runOp(e, cmd, o, f, args)
 		}),

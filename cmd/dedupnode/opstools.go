@@ -210,6 +210,8 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 		}),
 	}
 	f.register(cmd)
+	// A backup streams until it is complete (Ctrl-C stops it): no --timeout.
+	_ = cmd.Flags().MarkHidden("timeout")
 	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (written to a temporary file first, renamed when complete and verified)")
 	cmd.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
 	return cmd
@@ -351,6 +353,10 @@ admin right on the namespace when the cluster runs with tokens.`,
 		}),
 	}
 	f.register(cmd)
+	// The export is NDJSON whatever --output says, and streams until it
+	// is complete (Ctrl-C stops it): neither flag applies.
+	_ = cmd.Flags().MarkHidden("output")
+	_ = cmd.Flags().MarkHidden("timeout")
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "`NAMESPACE` to export (default \"default\")")
 	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (default stdout)")
 	return cmd
@@ -448,6 +454,20 @@ import twice is harmless (the second run reports duplicates).`,
 				groups[d] = items[:0:0]
 				return nil
 			}
+			// failed explains a failed request and says how many IDs the
+			// cluster took before it (not how many were read).
+			failed := func(err error) error {
+				err = explain(err, f, namespace)
+				var oe *opError
+				if errors.As(err, &oe) {
+					if done := stats.new + stats.dup + stats.conflict; done == 0 {
+						oe.err = fmt.Errorf("%w (no ID imported)", oe.err)
+					} else {
+						oe.err = fmt.Errorf("%w (%d IDs imported before it; re-running the whole import is harmless)", oe.err, done)
+					}
+				}
+				return err
+			}
 			sc := bufio.NewScanner(in)
 			sc.Buffer(make([]byte, 64<<10), 1<<20)
 			line := 0
@@ -471,7 +491,7 @@ import twice is harmless (the second run reports duplicates).`,
 				groups[d] = append(groups[d], client.Item{ID: id})
 				if len(groups[d]) >= batch {
 					if err := flush(d); err != nil {
-						return explain(fmt.Errorf("after %d IDs: %w", stats.read, err), f, namespace)
+						return failed(err)
 					}
 				}
 			}
@@ -480,7 +500,7 @@ import twice is harmless (the second run reports duplicates).`,
 			}
 			for d := range groups {
 				if err := flush(d); err != nil {
-					return explain(fmt.Errorf("after %d IDs: %w", stats.read, err), f, namespace)
+					return failed(err)
 				}
 			}
 			bar.Finish()
