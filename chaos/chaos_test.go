@@ -184,3 +184,20 @@ func TestChaosCatchesStaleLinearizableReads(t *testing.T) {
 func TestChaosCatchesAcknowledgingBeforeCommit(t *testing.T) {
 	caught(t, "--unsafe-ack-before-commit", 10*time.Second, nil, check.AtMostOneWinner, check.NoLostWrites)
 }
+
+// TestChaosCatchesDivergentDigests: a node that reports another state
+// digest than its peers at the same applied index fails the run with a
+// state_digests violation, and nothing else.
+func TestChaosCatchesDivergentDigests(t *testing.T) {
+	res := caught(t, "--unsafe-corrupt-digest", 5*time.Second, nil, check.StateDigests)
+	if n := res.Report.Violations[check.StateDigests]; n != 1 || res.Report.Total() != 1 || !res.Failed() {
+		t.Fatalf("want exactly one state_digests violation: %s", res.Report.Summary())
+	}
+	sub, err := history.ReadFile(res.ViolationFile)
+	if err != nil {
+		t.Fatalf("smallest offending history: %v", err)
+	}
+	if len(sub.Digests) != 3 || check.Run(sub, check.Options{}).Violations[check.StateDigests] != 1 {
+		t.Fatalf("the offending history does not show the divergence: %+v", sub.Digests)
+	}
+}

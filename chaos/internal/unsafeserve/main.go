@@ -14,6 +14,11 @@
 //	                            write in the background (breaks invariants
 //	                            1 and 2: a duplicate can win, an
 //	                            acknowledged mark can be lost)
+//	--unsafe-corrupt-digest     on node n2, flip a bit of every Ops.Digest
+//	                            answer, as a replica whose state diverged
+//	                            would report (shows that the runner records
+//	                            the digests and the checker's state_digests
+//	                            fails the run; the state itself is intact)
 package main
 
 import (
@@ -48,10 +53,11 @@ func main() {
 	peers := fs.String("peers", "", "id=raft=grpc,...")
 	staleReads := fs.Bool("unsafe-stale-reads", false, "BREAKS INVARIANT 3: answer linearizable Check without a read index")
 	ackEarly := fs.Bool("unsafe-ack-before-commit", false, "BREAKS INVARIANTS 1 AND 2: answer Mark NEW before the write commits")
+	corruptDigest := fs.Bool("unsafe-corrupt-digest", false, "BREAKS INVARIANT 5 AS REPORTED: node n2 answers Ops.Digest with a flipped bit")
 	_ = fs.Parse(args)
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	logger.Warn("UNSAFE TEST BUILD: guarantees are broken on purpose", "stale_reads", *staleReads, "ack_before_commit", *ackEarly)
+	logger.Warn("UNSAFE TEST BUILD: guarantees are broken on purpose", "stale_reads", *staleReads, "ack_before_commit", *ackEarly, "corrupt_digest", *corruptDigest)
 	var ps []cluster.Peer
 	for _, p := range strings.Split(*peers, ",") {
 		f := strings.Split(p, "=")
@@ -63,7 +69,7 @@ func main() {
 		Cluster: cluster.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, GRPCAddr: *grpcAddr,
 			Peers: ps, Logger: logger},
 		ListenAddr:    *grpcAddr,
-		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(unsafe(*staleReads, *ackEarly))},
+		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(unsafe(*staleReads, *ackEarly, *corruptDigest && *nodeID == "n2"))},
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -81,9 +87,15 @@ func main() {
 	}
 }
 
-func unsafe(staleReads, ackEarly bool) grpc.UnaryServerInterceptor {
+func unsafe(staleReads, ackEarly, corruptDigest bool) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		switch r := req.(type) {
+		case *dedupv1.DigestRequest:
+			resp, err := handler(ctx, req)
+			if d, ok := resp.(*dedupv1.DigestResponse); ok && err == nil && corruptDigest && len(d.Digest) > 0 {
+				d.Digest[0] ^= 1
+			}
+			return resp, err
 		case *dedupv1.CheckRequest:
 			if staleReads && r.Consistency != dedupv1.Consistency_CONSISTENCY_STALE {
 				c := proto.Clone(r).(*dedupv1.CheckRequest)
