@@ -97,7 +97,10 @@ not answer, or no common applied index was seen within --timeout.`,
 				}
 				r, err := c.Digest(ctx, &dedupv1.DigestRequest{})
 				if err != nil {
-					return nil, explain(err, f, "")
+					// Explained with this member's address, not --addr's.
+					nf := &clientFlags{addrs: []string{addrs[node]}, timeout: f.timeout, output: f.output,
+						tlsCA: f.tlsCA, tlsCert: f.tlsCert, tlsKey: f.tlsKey, token: f.token}
+					return nil, explain(err, nf, "")
 				}
 				return r, nil
 			}
