@@ -455,6 +455,7 @@ func TestCompactionKeepsIDsAddedMeanwhile(t *testing.T) {
 	if len(f.chains[k].segs) < 3 {
 		t.Fatalf("want a grown chain, have %d segments", len(f.chains[k].segs))
 	}
+	grownK := f.maxK
 	cp := f.BeginCompact(k, 20_000)
 	if f.BeginCompact(k, 20_000) != nil {
 		t.Fatal("a second compaction of the same chain started")
@@ -471,6 +472,9 @@ func TestCompactionKeepsIDsAddedMeanwhile(t *testing.T) {
 	c := f.chains[k]
 	if len(c.segs) != 1 || c.segs[0].n != 21_000 {
 		t.Fatalf("after compaction: %d segments, n %d", len(c.segs), c.segs[0].n)
+	}
+	if f.maxK != c.segs[0].f.K() || f.maxK >= grownK {
+		t.Fatalf("maxK %d after compaction (grown chain: %d), want the compacted filter's K %d", f.maxK, grownK, c.segs[0].f.K())
 	}
 	live := liveSet{k: 21_000}
 	measure(t, f, live, 10, 1)
@@ -601,9 +605,9 @@ func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
 	if f.chains[k].compactedN != 1500 {
 		t.Fatal("recompacted for 10 new IDs")
 	}
-	add(1510, 3100) // doubled: compacted even though not quiet
-	live[k] = 3100
+	add(1510, 6100) // 4×: compacted even though not quiet
+	live[k] = 6100
 	if n := compactNow(f, live); n != 1 {
-		t.Fatal("a doubled chain was not compacted")
+		t.Fatal("a chain grown 4× was not compacted")
 	}
 }

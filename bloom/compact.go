@@ -51,9 +51,9 @@ func (f *Filters) idealBits(n uint) uint64 {
 //     growing: its span is past now + TTL, or the load stopped) and,
 //     if it was compacted so before, its ID count changed by 10% since,
 //     or
-//   - it doubled its IDs since it was last compacted (or since its first
-//     filter), so a bucket that keeps growing is compacted O(log n) times,
-//     scanning each ID about twice in all.
+//   - it grew 4× since it was last compacted (or since its first filter),
+//     so a bucket that keeps growing is compacted O(log n) times, scanning
+//     each ID 1/3 of a time in all (and once more when it stops).
 //
 // Callers poll it (fsm: every few seconds); each call also records the
 // chains' counts for the next call's "no ID since" test. Nothing while the
@@ -85,7 +85,7 @@ func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), dst []K
 		if base == 0 {
 			base = c.segs[0].limit
 		}
-		if (quiet && changed) || n >= 2*base {
+		if (quiet && changed) || n >= 4*base {
 			dst = append(dst, k)
 		}
 	}
@@ -153,7 +153,7 @@ func (cp *Compaction) Finish() bool {
 	c.segs = []segment{{f: cp.nf, n: n, limit: cp.limit}}
 	c.pending, c.pendingN = nil, 0
 	c.sized, c.compactedN, c.seenN, c.exact = true, n, n, cp.exact
-	f.maxK = max(f.maxK, cp.nf.K())
+	f.recomputeMaxKLocked()
 	return true
 }
 

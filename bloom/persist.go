@@ -130,10 +130,8 @@ func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
 	for k, c := range chains {
 		f.chains[k] = c
 		f.indexLocked(k, c)
-		for _, s := range c.segs {
-			f.maxK = max(f.maxK, s.f.K())
-		}
 	}
+	f.recomputeMaxKLocked()
 	f.ready = true
 	f.mu.Unlock()
 	return appliedIndex, nil
