@@ -188,9 +188,9 @@ func newChaosCheckCmd() *cobra.Command {
 		Use:   "check HISTORY.json",
 		Short: "Check a history written by a chaos run again",
 		Long: `Check reads a history written by 'dedupnode chaos' (--history, or the files
-written on a violation) and checks it against the guarantees again (README, section Guarantees). It exits
-1 when a violation is found, after writing the smallest offending history to
---violation-file when given.`,
+written on a violation) and checks it against the guarantees again (README,
+section Guarantees). It exits 1 when a violation is found, after writing the
+smallest offending history to --violation-file when given.`,
 		Example: `  dedupnode chaos --duration 30s --history run.json && dedupnode chaos check run.json
   dedupnode chaos check .chaos/violation.json            # the smallest offending history of a failed CI run
   dedupnode chaos check --output json chaos-violation-20260101-120000.json`,

@@ -207,8 +207,30 @@ func runDev(e *env, f *devFlags) (err error) {
 		}
 	}()
 	if err := errors.Join(errs...); err != nil {
+		// One line: the first node's error (the others are usually alike).
+		var first error
+		failed := 0
+		for _, e := range errs {
+			if e != nil {
+				failed++
+				if first == nil {
+					first = e
+				}
+			}
+		}
+		err = fmt.Errorf("start dev cluster: %w", first)
+		if failed > 1 {
+			err = fmt.Errorf("%w (%d of %d nodes failed to start)", err, failed, len(errs))
+		}
 		hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
-		return &opError{err: fmt.Errorf("start dev cluster: %w", err), hint: hint}
+		switch {
+		case strings.Contains(first.Error(), "address already in use"):
+		case f.dataDir != "":
+			hint = "is another 'dedupnode dev' using --data-dir " + f.dataDir + "? stop it or pick another --data-dir; else re-run with --log-level info to see why"
+		default:
+			hint = "re-run with --log-level info to see why"
+		}
+		return &opError{err: err, hint: hint}
 	}
 
 	addrs := make([]string, len(nodes))

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -57,4 +59,20 @@ func TestNewcomerCommandsAgainstDevCluster(t *testing.T) {
 	if code != exitError || !strings.Contains(errs, "(2 IDs imported before it;") {
 		t.Errorf("import with a bad line after a batch: exit %d, stderr %q", code, errs)
 	}
+}
+
+// dev on a port in use: one line naming the port, with the --base-port
+// hint.
+func TestDevStartErrorsSayWhatToDo(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	code, _, errs := runCLI(t, context.Background(), "", "dev", "--nodes", "1", "--base-port", strconv.Itoa(port))
+	if code != exitError || !strings.Contains(errs, "address already in use") || !strings.Contains(errs, "--base-port 0") {
+		t.Errorf("dev on a taken port: exit %d, stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
 }
