@@ -52,7 +52,7 @@ func TestNewcomerCommandsAgainstDevCluster(t *testing.T) {
 	// import that fails says how many IDs the cluster took, not how many
 	// were read.
 	code, _, errs = runCLI(t, ctx, "a\nb\nc\n", "import", "--addr", addrs, "--ttl", "8d", "-")
-	if code != exitError || !strings.Contains(errs, "(no ID imported)") {
+	if code != exitError || !strings.Contains(errs, "exceeds the max TTL of namespace default (7d); nothing of that request applied (no ID imported)") {
 		t.Errorf("import over the max TTL: exit %d, stderr %q", code, errs)
 	}
 	code, _, errs = runCLI(t, ctx, "d\ne\n{\"id\":\"f\",\"ttl\":\"8d\"}\n", "import", "--addr", addrs, "--batch", "2", "-")

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -457,7 +458,11 @@ import twice is harmless (the second run reports duplicates).`,
 			// failed explains a failed request and says how many IDs the
 			// cluster took before it (not how many were read).
 			failed := func(err error) error {
-				err = explain(err, f, namespace)
+				if te := importTTLError(err); te != nil {
+					err = te
+				} else {
+					err = explain(err, f, namespace)
+				}
 				var oe *opError
 				if errors.As(err, &oe) {
 					if done := stats.new + stats.dup + stats.conflict; done == 0 {
@@ -519,6 +524,30 @@ import twice is harmless (the second run reports duplicates).`,
 	fs.IntVar(&batch, "batch", 1000, "send at most `N` IDs per request")
 	fs.BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
 	return cmd
+}
+
+// importTTLError rewords a TTL out of its namespace's range for import,
+// whose TTLs come from --ttl or from the lines; nil for other errors.
+func importTTLError(err error) error {
+	st, _ := grpcStatus(err)
+	if st.Code() != codes.InvalidArgument {
+		return nil
+	}
+	m := ttlRangeRE.FindStringSubmatch(st.Message())
+	if m == nil || m[1] != "ttl_ms" {
+		return nil
+	}
+	maxMs, perr := strconv.ParseInt(m[2], 10, 64)
+	if perr != nil {
+		return nil
+	}
+	limit := fmtDuration(time.Duration(maxMs) * time.Millisecond)
+	if m[3] == "" {
+		return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds %s, the largest max TTL a namespace can have; nothing of that request applied", limit),
+			hint: "pass a shorter --ttl, or shorten the lines' TTLs"}
+	}
+	return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds the max TTL of namespace %s (%s); nothing of that request applied", m[3], limit),
+		hint: fmt.Sprintf("pass a shorter --ttl, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", m[3])}
 }
 
 // parseImportLine returns the ID and TTL of one import line (0: the
