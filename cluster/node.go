@@ -112,7 +112,7 @@ func New(cfg Config) (_ *Node, err error) {
 
 	n.bolt, err = raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(raftDir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+		BoltOptions: boltOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(raftDir, "raft.db"), err)
@@ -187,6 +187,24 @@ func New(cfg Config) (_ *Node, err error) {
 	n.log.Info("raft node started", "raft_addr", n.RaftAddr(), "grpc_addr", cfg.GRPCAddr,
 		"existing_state", n.hadState, "restore_snapshot_on_start", !skipRestore)
 	return n, nil
+}
+
+// boltOptions are the raft log's bbolt options. Every commit is still
+// fsynced (raft-boltdb's NoSync stays off); only the freelist is not
+// written. Raft truncates its log behind every snapshot, so raft.db keeps
+// thousands of free pages, and bbolt otherwise writes their whole list with
+// every commit (about 22 KiB per append in a simulated raft log with 10 240
+// trailing entries of 6 KB: 6.5 → 5.5 write calls per commit). Without it,
+// bbolt rebuilds the freelist by scanning raft.db when it opens, which stays
+// small (trailing logs only). The hashmap freelist allocates pages in O(1)
+// in such a fragmented file. A file written this way opens fine with bbolt's
+// defaults too (TestBoltOptions_LogSurvivesReopenWithoutSyncedFreelist).
+func boltOptions() *bbolt.Options {
+	return &bbolt.Options{
+		Timeout:        2 * time.Second,
+		NoFreelistSync: true,
+		FreelistType:   bbolt.FreelistMapType,
+	}
 }
 
 func (n *Node) raftConfig(hcl hclog.Logger, skipRestore bool) *raft.Config {

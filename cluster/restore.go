@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/dedupnode/dedupnode/fsm"
 )
@@ -129,7 +127,7 @@ func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *
 
 	bolt, err := raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(raftDir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+		BoltOptions: boltOptions(),
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("open raft log: %w", err)
