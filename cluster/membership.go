@@ -106,10 +106,14 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 
 // TransferLeadership hands leadership to the voter id ("" lets Raft pick
 // the most up-to-date voter) and waits (bounded by ctx) until a new leader
-// is known. Leader only. Returns the new leader's ID.
+// is known. Leader only. Returns the new leader's ID; naming the leader
+// itself returns its ID at once.
 func (n *Node) TransferLeadership(ctx context.Context, id string) (string, error) {
 	if n.raft.State() != raft.Leader {
 		return "", n.notLeaderError()
+	}
+	if id == n.cfg.NodeID {
+		return id, nil // already leads: nothing to hand over
 	}
 	var f raft.Future
 	if id == "" {

@@ -353,11 +353,13 @@ NODE_ID leads already, it says so and exits 0.`,
 			defer c.Close()
 			ctx, cancel := f.withTimeout(e.ctx)
 			defer cancel()
-			leader, err := c.TransferLeadership(ctx, target)
-			if err != nil && target != "" && strings.Contains(err.Error(), "cannot transfer leadership to itself") {
-				// NODE_ID leads already: what was asked for holds.
-				return report(e.stdout, f.output, map[string]any{"new_leader_id": target}, "%s already leads", target)
+			if target != "" {
+				if st, err := c.Status(ctx); err == nil && st.LeaderID == target {
+					// What was asked for holds already.
+					return report(e.stdout, f.output, map[string]any{"new_leader_id": target}, "%s already leads", target)
+				}
 			}
+			leader, err := c.TransferLeadership(ctx, target)
 			if err != nil {
 				return explain(err, f, "")
 			}
