@@ -26,7 +26,8 @@ type StateDigest struct {
 	Records uint64
 }
 
-// ErrClosed is returned by DigestState once the FSM is closed.
+// ErrClosed is returned by the whole-state readers (Snapshot, DigestState,
+// Digest) once the FSM is closed.
 var ErrClosed = errors.New("fsm closed")
 
 // DigestState hashes the whole state like Digest and returns the digest
@@ -45,22 +46,20 @@ var ErrClosed = errors.New("fsm closed")
 // only reclaims space, and the Bloom filters live outside the database.
 func (f *FSM) DigestState(ctx context.Context) (StateDigest, error) {
 	f.mu.RLock()
-	if f.closed {
-		f.mu.RUnlock()
-		return StateDigest{}, ErrClosed
-	}
 	d := StateDigest{AppliedIndex: f.st.applied, AppliedTerm: f.st.appliedTerm, LastTsMs: f.st.lastTs}
-	// persistWG makes Close and Restore wait for the scan, as they do for
-	// a snapshot being persisted.
-	f.persistWG.Add(1)
-	snap := f.db.NewSnapshot()
+	// Pinned: Close and Restore wait for the scan, as they do for a
+	// snapshot being persisted.
+	snap, err := f.pinSnapshotLocked()
 	f.mu.RUnlock()
+	if err != nil {
+		return StateDigest{}, err
+	}
 	defer f.persistWG.Done()
 	defer snap.Close()
 
 	h := sha256.New()
 	var lb [binary.MaxVarintLen64]byte
-	err := scanPrefix(snap, nil, func(k, v []byte) error {
+	err = scanPrefix(snap, nil, func(k, v []byte) error {
 		if d.Keys%4096 == 0 {
 			if err := ctx.Err(); err != nil {
 				return err

@@ -129,12 +129,16 @@ func (f *FSM) ExpiredBuckets(nowMs int64) int {
 // index included): replicas with equal digests hold identical state.
 func (f *FSM) Digest() ([]byte, error) {
 	f.mu.RLock()
-	snap := f.db.NewSnapshot()
+	snap, err := f.pinSnapshotLocked()
 	f.mu.RUnlock()
+	if err != nil {
+		return nil, err
+	}
+	defer f.persistWG.Done()
 	defer snap.Close()
 	h := sha256.New()
 	var lb [binary.MaxVarintLen64]byte
-	err := scanPrefix(snap, nil, func(k, v []byte) error {
+	err = scanPrefix(snap, nil, func(k, v []byte) error {
 		h.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
 		h.Write(k)
 		h.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])

@@ -41,8 +41,32 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.db.LogData(nil, pebble.Sync); err != nil {
 		return nil, fmt.Errorf("sync before snapshot: %w", err)
 	}
+	snap, err := f.pinSnapshotLocked()
+	if err != nil {
+		return nil, err
+	}
+	return &snapshot{f: f, snap: snap, index: f.st.applied, term: f.st.appliedTerm}, nil
+}
+
+// ErrRestoring is returned by the whole-state readers (Snapshot,
+// DigestState, Digest) while Restore swaps a restored database in.
+var ErrRestoring = errors.New("fsm: a snapshot restore is swapping the database")
+
+// pinSnapshotLocked opens a Pebble snapshot that Close and Restore wait for
+// before they close the database; the caller calls f.persistWG.Done after
+// closing it. Called with f.mu held, shared or exclusive. It refuses once
+// Close or a restore's swap has begun: both wait for the pinned snapshots
+// outside f.mu, so one pinned after their wait would be read from a closed
+// database.
+func (f *FSM) pinSnapshotLocked() (*pebble.Snapshot, error) {
+	switch {
+	case f.closed:
+		return nil, ErrClosed
+	case f.swapping:
+		return nil, ErrRestoring
+	}
 	f.persistWG.Add(1)
-	return &snapshot{f: f, snap: f.db.NewSnapshot(), index: f.st.applied, term: f.st.appliedTerm}, nil
+	return f.db.NewSnapshot(), nil
 }
 
 type snapshot struct {
@@ -248,9 +272,16 @@ func grow(b []byte, n int) []byte {
 func (f *FSM) swapIn(dir string) error {
 	f.mu.Lock()
 	bg := f.bg
+	f.swapping = true
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.swapping = false
+		f.mu.Unlock()
+	}()
 	bg.stop()
-	// In-flight snapshot persists read the old database: let them finish.
+	// In-flight snapshot persists and digests read the old database: let
+	// them finish (no new one starts while swapping).
 	f.persistWG.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()

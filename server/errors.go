@@ -59,6 +59,7 @@ var errorTable = []errorRule{
 	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node"},
 	{fsm.ErrClosed, codes.Unavailable, ReasonShuttingDown, "node is shutting down; ask another node"},
+	{fsm.ErrRestoring, codes.Unavailable, ReasonLagging, "node is installing a snapshot from the leader; retry in a moment or ask another node"},
 	{errLagging, codes.Unavailable, ReasonLagging, "retry the read on another node"},
 	{context.DeadlineExceeded, codes.DeadlineExceeded, "", "the write may still commit; retry with the same request token"},
 	{context.Canceled, codes.Canceled, "", ""},
