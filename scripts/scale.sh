@@ -370,7 +370,7 @@ report() {
 			echo
 			echo "Every loaded ID had expired at $(get expiry.t_exp_h) UTC; the last expiry bucket could be dropped $BUCKET_S s later. Pebble (fsm/) bytes per node; the Raft log (bbolt) never shrinks its file, it reuses its free pages."
 			echo
-			echo "| node | IDs stored before / after | Pebble before | Pebble after | returned | Raft log before / after | after expiry, reached at |"
+			echo "| node | IDs stored before / after | Pebble before | Pebble after | returned | Raft log before / after | Pebble size last changed (s after the last bucket could be dropped; +0 = by the first poll) |"
 			echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 			for n in $(get expiry.nodes); do
 				read -r _ _ p0 <<<"$(get "expiry.$n.before")"
