@@ -54,6 +54,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	if !advanced {
 		return out
 	}
+	a.foldHot()
 	a.flushCounts()
 	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
 	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
@@ -91,6 +92,14 @@ type applier struct {
 	sc   lookupScratch
 	kbuf []byte
 	vbuf []byte
+	// hot is the bucket most recently written to and hotN the records
+	// added to it and not yet counted in st.counts (whose entry for hot
+	// exists): consecutive new records nearly always share a bucket, so
+	// this saves two map updates per record. foldHot adds hotN to
+	// st.counts before anything else reads or changes that count.
+	hot    bloom.Key
+	hotN   uint64
+	hotSet bool
 }
 
 // maxReusedOverlay bounds the overlay kept between batches: a map that grew
@@ -112,6 +121,7 @@ func (a *applier) reset() {
 	a.f, a.b = nil, nil
 	a.dropped = nil // handed to the compactor
 	a.now, a.index = 0, 0
+	a.hot, a.hotN, a.hotSet = bloom.Key{}, 0, false
 }
 
 type ovEntry struct {
@@ -336,6 +346,7 @@ func (a *applier) remove(ns *NamespaceConfig, id []byte, bucket uint64) {
 }
 
 func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {
+	a.foldHot()
 	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, bucket, id)
 	must(a.b.Delete(a.kbuf, nil))
 	k := bloom.Key{Namespace: ns.ID, Bucket: bucket}
@@ -346,15 +357,32 @@ func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {
 }
 
 func (a *applier) addToBucket(nsID uint32, bucket uint64) {
-	st := &a.f.st
 	k := bloom.Key{Namespace: nsID, Bucket: bucket}
+	if a.hotSet && a.hot == k {
+		a.hotN++
+		return
+	}
+	a.foldHot()
+	st := &a.f.st
 	if _, ok := st.counts[k]; !ok {
 		bs := st.buckets[nsID]
 		i, _ := slices.BinarySearch(bs, bucket)
 		st.buckets[nsID] = slices.Insert(bs, i, bucket)
+		st.counts[k] = 0
 	}
-	st.counts[k]++
-	a.dirty[k] = struct{}{}
+	a.hot, a.hotN, a.hotSet = k, 1, true
+}
+
+// foldHot adds the pending count of the hot bucket to st.counts.
+func (a *applier) foldHot() {
+	if !a.hotSet {
+		return
+	}
+	if _, ok := a.f.st.counts[a.hot]; ok && a.hotN > 0 {
+		a.f.st.counts[a.hot] += a.hotN
+		a.dirty[a.hot] = struct{}{}
+	}
+	a.hot, a.hotN, a.hotSet = bloom.Key{}, 0, false
 }
 
 // flushCounts writes the registry entries of buckets touched in this batch.
@@ -389,6 +417,7 @@ func (a *applier) dropExpired() {
 }
 
 func (a *applier) dropBucket(nsID uint32, bucket uint64) {
+	a.foldHot()
 	start, end := storage.BucketRange(nsID, bucket)
 	must(a.b.DeleteRange(start, end, nil))
 	must(a.b.Delete(storage.BucketKey(nsID, bucket), nil))
@@ -444,6 +473,7 @@ func (a *applier) deleteNamespace(name string) OpResult {
 	if ns == nil {
 		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, name)}
 	}
+	a.foldHot()
 	start, end := storage.NamespaceRecordsRange(ns.ID)
 	must(a.b.DeleteRange(start, end, nil))
 	for _, b := range st.buckets[ns.ID] {
