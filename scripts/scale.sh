@@ -272,9 +272,9 @@ leader_node() { # the node name of the current leader
 	done
 	return 1
 }
-rss() { # rss NODE -> "VmRSS VmHWM RssAnon RssFile" in bytes
+rss() { # rss NODE -> "VmRSS VmHWM RssAnon RssFile" in bytes (%.0f: mawk's %d stops at 2^31-1)
 	awk '/^VmRSS:/{r=$2} /^VmHWM:/{h=$2} /^RssAnon:/{a=$2} /^RssFile:/{f=$2}
-		END { printf "%d %d %d %d\n", r*1024, h*1024, a*1024, f*1024 }' "/proc/${PID[$1]}/status" 2>/dev/null
+		END { printf "%.0f %.0f %.0f %.0f\n", r*1024, h*1024, a*1024, f*1024 }' "/proc/${PID[$1]}/status" 2>/dev/null
 }
 dub() { # allocated bytes of a path (0 if missing)
 	[ -e "$1" ] || { echo 0; return; }
