@@ -1,7 +1,9 @@
 package fsm
 
 import (
+	"bytes"
 	"fmt"
+	"hash/maphash"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -81,7 +83,7 @@ type applier struct {
 	b *pebble.Batch
 	// ov overlays records written in this batch (not yet visible in the
 	// database), keyed by HashKey(nsID, id).
-	ov      map[string]ovEntry
+	ov      overlay
 	dirty   map[bloom.Key]struct{}
 	dropped []keyRange
 	now     int64
@@ -108,11 +110,7 @@ const maxReusedOverlay = 1 << 16
 
 // reset clears the per-batch state, keeping allocations for the next batch.
 func (a *applier) reset() {
-	if a.ov == nil || len(a.ov) > maxReusedOverlay {
-		a.ov = make(map[string]ovEntry)
-	} else {
-		clear(a.ov)
-	}
+	a.ov.reset()
 	if a.dirty == nil {
 		a.dirty = make(map[bloom.Key]struct{})
 	} else {
@@ -128,6 +126,80 @@ type ovEntry struct {
 	rec     Record
 	bucket  uint64
 	present bool
+}
+
+// overlay maps a HashKey to its ovEntry without allocating per write (a
+// map[string] key costs one allocation per record): a 64-bit hash indexes
+// the newest slot with that hash, slots with equal hashes are chained, and
+// full keys are compared. The hash only finds slots, never decides a
+// result, so its random seed does not make apply nondeterministic.
+type overlay struct {
+	seed  maphash.Seed
+	idx   map[uint64]int
+	slots []ovSlot
+	keys  []byte
+}
+
+type ovSlot struct {
+	off, n int // key is keys[off:off+n]
+	next   int // previous slot with the same hash, or -1
+	e      ovEntry
+}
+
+func (o *overlay) find(h uint64, k []byte) int {
+	i, ok := o.idx[h]
+	if !ok {
+		return -1
+	}
+	for ; i >= 0; i = o.slots[i].next {
+		s := &o.slots[i]
+		if bytes.Equal(o.keys[s.off:s.off+s.n], k) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (o *overlay) get(k []byte) (ovEntry, bool) {
+	if len(o.slots) == 0 {
+		return ovEntry{}, false
+	}
+	return o.getHash(maphash.Bytes(o.seed, k), k)
+}
+
+func (o *overlay) getHash(h uint64, k []byte) (ovEntry, bool) {
+	if i := o.find(h, k); i >= 0 {
+		return o.slots[i].e, true
+	}
+	return ovEntry{}, false
+}
+
+func (o *overlay) put(k []byte, e ovEntry) { o.putHash(maphash.Bytes(o.seed, k), k, e) }
+
+func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
+	if i := o.find(h, k); i >= 0 {
+		o.slots[i].e = e
+		return
+	}
+	next, ok := o.idx[h]
+	if !ok {
+		next = -1
+	}
+	o.idx[h] = len(o.slots)
+	o.slots = append(o.slots, ovSlot{off: len(o.keys), n: len(k), next: next, e: e})
+	o.keys = append(o.keys, k...)
+}
+
+// reset empties the overlay, keeping its memory unless one huge batch
+// grew it past maxReusedOverlay entries.
+func (o *overlay) reset() {
+	if o.idx == nil || len(o.slots) > maxReusedOverlay {
+		*o = overlay{seed: maphash.MakeSeed(), idx: make(map[uint64]int)}
+		return
+	}
+	clear(o.idx)
+	clear(o.slots) // drop references to records of the last batch
+	o.slots, o.keys = o.slots[:0], o.keys[:0]
 }
 
 func (a *applier) command(index uint64, cmd *Command) *ApplyResult {
@@ -299,7 +371,7 @@ func lost(rec Record, live bool) ItemResult {
 // in this batch's overlay, then in each live bucket of the namespace whose
 // filter says "maybe" (all of them while the filters are rebuilding).
 func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, bool) {
-	if e, ok := a.ov[string(hkey)]; ok {
+	if e, ok := a.ov.get(hkey); ok {
 		if !e.present {
 			return Record{}, 0, false
 		}
@@ -336,13 +408,13 @@ func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint
 	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, nb, id)
 	a.vbuf = appendRecord(a.vbuf[:0], rec)
 	must(a.b.Set(a.kbuf, a.vbuf, nil))
-	a.ov[string(a.hbuf)] = ovEntry{rec: *rec, bucket: nb, present: true}
+	a.ov.put(a.hbuf, ovEntry{rec: *rec, bucket: nb, present: true})
 }
 
 // remove deletes id's record. REQUIRES: id is the current item's.
 func (a *applier) remove(ns *NamespaceConfig, id []byte, bucket uint64) {
 	a.deleteKey(ns, id, bucket)
-	a.ov[string(a.hbuf)] = ovEntry{}
+	a.ov.put(a.hbuf, ovEntry{})
 }
 
 func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {
