@@ -396,7 +396,7 @@ func classify(err error) attemptErr {
 		for _, d := range st.Details() {
 			if info, ok := d.(*errdetails.ErrorInfo); ok {
 				switch info.Reason {
-				case "NOT_LEADER", "SHUTTING_DOWN":
+				case "NOT_LEADER", "SHUTTING_DOWN", "LEADER_BUSY":
 					return errNotApplied
 				}
 			}

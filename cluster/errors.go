@@ -22,6 +22,10 @@ var (
 	ErrOutcomeUnknown = errors.New("write outcome unknown (leadership lost while in flight); retry with the same request token")
 	// ErrShutdown: the node is shutting down; nothing new is accepted.
 	ErrShutdown = errors.New("node is shutting down")
+	// ErrBusy: this node leads, but Raft's leader loop did not take the
+	// entry within the enqueue timeout (it is stuck behind slow disk
+	// writes). Nothing was written; retry shortly.
+	ErrBusy = errors.New("leader busy: raft did not accept the entry in time")
 )
 
 // NotLeaderError says which node leads, if any is known. It matches

@@ -268,6 +268,8 @@ func (n *Node) awaitFuture(f raft.Future) error {
 // after become ErrOutcomeUnknown (it may still commit).
 func (n *Node) mapApplyError(err error) error {
 	switch {
+	case errors.Is(err, raft.ErrEnqueueTimeout) && n.raft.State() == raft.Leader:
+		return fmt.Errorf("%w (waited %v)", ErrBusy, enqueueTimeout)
 	case errors.Is(err, raft.ErrNotLeader),
 		errors.Is(err, raft.ErrLeadershipTransferInProgress),
 		errors.Is(err, raft.ErrEnqueueTimeout):

@@ -34,6 +34,9 @@ const (
 	// index in time (it is cut off from the leader or far behind). Retry
 	// the read on another node.
 	ReasonLagging = "NODE_LAGGING"
+	// ReasonBusy: the leader could not hand the write to Raft in time
+	// (its disk is behind); nothing was written. Retry after a pause.
+	ReasonBusy = "LEADER_BUSY"
 )
 
 // errLagging: a linearizable read waited too long for the local apply.
@@ -57,6 +60,7 @@ var errorTable = []errorRule{
 	{cluster.ErrOutcomeUnknown, codes.Unavailable, ReasonOutcomeUnknown, "retry is safe with the same request token"},
 	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token"},
 	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token"},
+	{cluster.ErrBusy, codes.Unavailable, ReasonBusy, "nothing was written; retry after a pause (the request token makes it safe)"},
 	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node"},
 	{fsm.ErrClosed, codes.Unavailable, ReasonShuttingDown, "node is shutting down; ask another node"},
 	{fsm.ErrRestoring, codes.Unavailable, ReasonLagging, "node is installing a snapshot from the leader; retry in a moment or ask another node"},
