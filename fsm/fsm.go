@@ -46,7 +46,7 @@ type FSM struct {
 	persistWG   sync.WaitGroup
 	bg          *background
 	closed      bool
-	swapping    bool // Restore is swapping the database: no new pinned snapshots
+	swapping    bool       // Restore is swapping the database: no new pinned snapshots
 	lastDropped []keyRange // ranges to compact, handed to the compactor
 	applier     *applier   // ApplyBatch's reusable working state
 }
