@@ -117,6 +117,8 @@ func tlsHint(err error, f *clientFlags) string {
 		return "the node's certificate does not verify against --tls-ca: pass the CA that signed the nodes' certificates"
 	case strings.Contains(m, "first record does not look like a TLS handshake"):
 		return "the node speaks plaintext: drop --tls-ca, --tls-cert and --tls-key (and the DEDUPNODE_TLS_* variables)"
+	case strings.Contains(m, "looked like an HTTP/1.1 header"):
+		return "this address serves HTTP/1.1, not gRPC (an admin HTTP port?): pass a node's gRPC address"
 	case f.tlsCA == "" && (strings.Contains(m, "error reading server preface") || strings.Contains(m, "connection closed before server preface received")):
 		return "the node speaks TLS: pass --tls-ca (and --tls-cert/--tls-key for mutual TLS)"
 	case strings.Contains(m, "tls:") || strings.Contains(m, "authentication handshake failed"):

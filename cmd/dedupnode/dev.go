@@ -61,7 +61,7 @@ i on PORT+i, or on free ports with PORT 0; the addresses are printed.
 Dev has no TLS or token flags: it is a loopback playground in one process,
 with namespaces created on first use. To try TLS (--tls-cert, --tls-key,
 --tls-ca, --tls-client-ca) or access tokens (--auth-file), run 'serve'
-nodes: README, section Operations, sets up a TLS cluster in five commands.`
+nodes: docs/OPERATIONS.md sets up a TLS cluster in five commands.`
 
 func newDevCmd(e *env) *cobra.Command {
 	f := &devFlags{}
@@ -189,6 +189,7 @@ func runDev(e *env, f *devFlags) (err error) {
 				ListenAddr:           n.GRPC,
 				AutoCreateNamespaces: true,
 				MaxBatch:             f.maxBatch,
+				Version:              version,
 			}
 			if adminAddrs != nil {
 				cfg.AdminAddr = adminAddrs[i]

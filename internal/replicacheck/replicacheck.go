@@ -150,7 +150,7 @@ func (r Result) Summary() string {
 		for i, a := range r.Answers {
 			parts[i] = fmt.Sprintf("%s at %d", a.Node, a.Resp.AppliedIndex)
 		}
-		return fmt.Sprintf("replicas never reached one applied index in %d rounds (writes still arriving?): %s", r.Rounds, strings.Join(parts, ", "))
+		return fmt.Sprintf("replicas never reached one applied index in %d rounds: %s; digests are comparable only at one index: pause writes and run it again (or raise --timeout)", r.Rounds, strings.Join(parts, ", "))
 	}
 	var parts []string
 	for _, a := range r.Answers {
@@ -161,7 +161,7 @@ func (r Result) Summary() string {
 	if len(parts) == 0 {
 		return "no nodes to compare"
 	}
-	return "not every node answered: " + strings.Join(parts, "; ")
+	return "not every node answered: " + strings.Join(parts, "; ") + "; start the missing node, or remove it from the cluster (dedupnode remove NODE_ID)"
 }
 
 func short(h string) string {
