@@ -73,6 +73,9 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"serve bad peers", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--peers", "n1=127.0.0.1:7000"}, "id=raft_addr=grpc_addr"},
 		{"serve peers without self", []string{"serve", "--node-id", "n9", "--data-dir", dir, "--peers", "n1=a:1=b:2"}, "must include this node"},
 		{"serve bad log format", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--log-format", "xml"}, "--log-format"},
+		{"serve zero snapshot threshold", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-threshold", "0"}, "--raft-snapshot-threshold 0"},
+		{"serve zero trailing logs", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-trailing-logs", "0"}, "--raft-trailing-logs 0"},
+		{"serve tiny snapshot interval", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-interval", "10ms"}, "--raft-snapshot-interval 10ms"},
 		{"dev too many nodes", []string{"dev", "--nodes", "40"}, "--nodes"},
 		{"namespace bad mode", []string{"namespace", "create", "x", "--mode", "rolling"}, "--mode"},
 		{"namespace no sub", []string{"namespace"}, "subcommand"},
@@ -127,6 +130,7 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	t.Setenv("DEDUPNODE_PEERS", "from-env=127.0.0.1:7000=127.0.0.1:7070,b=127.0.0.1:7001=127.0.0.1:7071")
 	t.Setenv("DEDUPNODE_MAX_BATCH", "77")
 	t.Setenv("DEDUPNODE_GRPC_ADDR", "127.0.0.1:9999")
+	t.Setenv("DEDUPNODE_RAFT_TRAILING_LOGS", "512")
 	e := &env{ctx: context.Background(), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	cmd := newServeCmd(e)
 	if err := cmd.ParseFlags([]string{"--grpc-addr", "127.0.0.1:7070"}); err != nil {
@@ -147,12 +151,18 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	f.bloomFPRate, _ = fs.GetFloat64("bloom-fp-rate")
 	f.logLevel, _ = fs.GetString("log-level")
 	f.logFormat, _ = fs.GetString("log-format")
+	f.snapThreshold, _ = fs.GetUint64("raft-snapshot-threshold")
+	f.snapInterval, _ = fs.GetDuration("raft-snapshot-interval")
+	f.trailingLogs, _ = fs.GetUint64("raft-trailing-logs")
 	cfg, _, err := f.config(io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Cluster.NodeID != "from-env" || cfg.MaxBatch != 77 || len(cfg.Cluster.Peers) != 2 {
 		t.Fatalf("env not applied: %+v", cfg)
+	}
+	if cfg.Cluster.TrailingLogs != 512 || cfg.Cluster.SnapshotThreshold != 8192 || cfg.Cluster.SnapshotInterval != 2*time.Minute {
+		t.Fatalf("raft log retention: trailing %d, threshold %d, interval %v", cfg.Cluster.TrailingLogs, cfg.Cluster.SnapshotThreshold, cfg.Cluster.SnapshotInterval)
 	}
 	if cfg.ListenAddr != "127.0.0.1:7070" {
 		t.Fatalf("--grpc-addr on the command line must beat DEDUPNODE_GRPC_ADDR, got %s", cfg.ListenAddr)

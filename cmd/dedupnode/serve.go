@@ -43,6 +43,9 @@ type serveFlags struct {
 	maxBatch      int
 	bloomExpected uint
 	bloomFPRate   float64
+	snapThreshold uint64
+	snapInterval  time.Duration
+	trailingLogs  uint64
 	logLevel      string
 	logFormat     string
 	tlsCert       string
@@ -64,6 +67,7 @@ type serveFlags struct {
 var serveFlagNames = []string{
 	"node-id", "data-dir", "raft-addr", "grpc-addr", "bootstrap", "peers", "join",
 	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
+	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
 	"log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
 }
@@ -149,6 +153,9 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.UintVar(&f.bloomExpected, "bloom-expected-per-bucket", 100000, "`N` IDs each expiry bucket's Bloom filter is sized for (more chain extra filters)")
 	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
+	fs.Uint64Var(&f.snapThreshold, "raft-snapshot-threshold", 8192, "take a Raft snapshot once `N` log entries follow the last one (checked every --raft-snapshot-interval)")
+	fs.DurationVar(&f.snapInterval, "raft-snapshot-interval", 2*time.Minute, "how often (`DUR`, randomised up to 2x) to check --raft-snapshot-threshold")
+	fs.Uint64Var(&f.trailingLogs, "raft-trailing-logs", 10240, "Raft log entries (`N`) kept behind a snapshot, so a follower that fell behind by fewer catches up from the log, not a whole snapshot; one entry holds up to thousands of IDs under load, so lower it to bound the log's disk use")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "this node's certificate `FILE` (PEM); turns on TLS for gRPC and Raft (needs --tls-key and --tls-ca)")
@@ -242,6 +249,15 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if f.maxBatch < 1 {
 		return cfg, nil, usagef("--max-batch must be at least 1")
 	}
+	if f.snapThreshold == 0 {
+		return cfg, nil, usagef("--raft-snapshot-threshold 0: want at least 1 log entry, e.g. 8192")
+	}
+	if f.trailingLogs == 0 {
+		return cfg, nil, usagef("--raft-trailing-logs 0: want at least 1 log entry, e.g. 10240")
+	}
+	if f.snapInterval < time.Second {
+		return cfg, nil, usagef("--raft-snapshot-interval %v: want at least 1s, e.g. 2m", f.snapInterval)
+	}
 	if f.bloomFPRate <= 0 || f.bloomFPRate > 0.5 {
 		return cfg, nil, usagef("--bloom-fp-rate %v: want a rate in (0, 0.5], e.g. 0.01", f.bloomFPRate)
 	}
@@ -282,6 +298,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	cfg.Cluster.FSM.Bloom.ExpectedPerBucket = f.bloomExpected
 	cfg.Cluster.FSM.Bloom.FPRate = f.bloomFPRate
+	cfg.Cluster.SnapshotThreshold = f.snapThreshold
+	cfg.Cluster.SnapshotInterval = f.snapInterval
+	cfg.Cluster.TrailingLogs = f.trailingLogs
 	cfg.AdminAddr = f.adminAddr
 	cfg.Version = version
 	if err := f.security(&cfg, logger); err != nil {
