@@ -13,7 +13,8 @@ import (
 // StateDigest is a digest of the whole state together with what it covers,
 // all read from one Pebble snapshot.
 type StateDigest struct {
-	// Digest is the SHA-256 Digest returns for this state.
+	// Digest is a SHA-256 over every key and value, each preceded by its
+	// length as a uvarint, in key order.
 	Digest []byte
 	// AppliedIndex and AppliedTerm name the last Raft entry the state holds.
 	AppliedIndex uint64
@@ -30,8 +31,8 @@ type StateDigest struct {
 // Digest) once the FSM is closed.
 var ErrClosed = errors.New("fsm closed")
 
-// DigestState hashes the whole state like Digest and returns the digest
-// with the applied index it covers: both come from one Pebble snapshot
+// DigestState hashes the whole state and returns the digest with the
+// applied index it covers: both come from one Pebble snapshot
 // taken under the read lock, and apply commits a batch (data and applied
 // index together) under the write lock, so the index is exactly the
 // state's. The scan runs on the snapshot without the lock: applies go on

@@ -1,8 +1,7 @@
 package fsm
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
+	"context"
 	"fmt"
 
 	"github.com/dedupnode/dedupnode/bloom"
@@ -126,27 +125,9 @@ func (f *FSM) ExpiredBuckets(nowMs int64) int {
 }
 
 // Digest returns a SHA-256 over every key and value of the state (applied
-// index included): replicas with equal digests hold identical state.
+// index included): replicas with equal digests hold identical state. It is
+// DigestState's digest, without the index it covers.
 func (f *FSM) Digest() ([]byte, error) {
-	f.mu.RLock()
-	snap, err := f.pinSnapshotLocked()
-	f.mu.RUnlock()
-	if err != nil {
-		return nil, err
-	}
-	defer f.persistWG.Done()
-	defer snap.Close()
-	h := sha256.New()
-	var lb [binary.MaxVarintLen64]byte
-	err = scanPrefix(snap, nil, func(k, v []byte) error {
-		h.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
-		h.Write(k)
-		h.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])
-		h.Write(v)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("digest: %w", err)
-	}
-	return h.Sum(nil), nil
+	d, err := f.DigestState(context.Background())
+	return d.Digest, err
 }
