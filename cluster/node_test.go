@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dedupnode/dedupnode/fsm"
 )
 
@@ -371,5 +373,19 @@ func TestShutdown_ReturnsAfterAbruptRaftStopUnderLoad(t *testing.T) {
 		}
 		cancel()
 		wg.Wait() // every caller got an answer
+	}
+}
+
+// An enqueue timeout on a node that leads is ErrBusy (nothing written,
+// retry here), not a NotLeaderError claiming no leader is known; a lost
+// leadership stays outcome-unknown.
+func TestEnqueueTimeoutOnLeaderIsBusy(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir(), true))
+	err := n.mapApplyError(raft.ErrEnqueueTimeout)
+	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrNotLeader) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("leader: %v", err)
+	}
+	if err := n.mapApplyError(raft.ErrLeadershipLost); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("leadership lost: %v", err)
 	}
 }
