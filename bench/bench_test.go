@@ -236,3 +236,37 @@ func TestRunAgainstRealNode(t *testing.T) {
 		})
 	}
 }
+
+// TestRunCoalescedAgainstRealNode: with Coalesce every caller's IDs go
+// through one client.Batcher, which merges the concurrent single-ID calls
+// (32 in flight here, at most 4 RPCs) into fewer RPCs; answers stay right.
+func TestRunCoalescedAgainstRealNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	addr := startNode(t)
+	for _, wl := range coalesceWorkloads {
+		t.Run(wl, func(t *testing.T) {
+			res, err := Run(context.Background(), Config{
+				Addrs: []string{addr}, Namespace: "bench", Workload: wl, Coalesce: true,
+				Concurrency: 4, Batch: 8, Count: 800, Preload: 500, CreateNamespace: true,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Errors != 0 || res.IDs != 800 || res.Unexpected != 0 {
+				t.Fatalf("%s: ids %d errors %d unexpected %d (%v) note %q", wl, res.IDs, res.Errors, res.Unexpected, res.Outcomes, res.Note)
+			}
+			if res.Variant != "coalesced" || res.RPCs == 0 || res.RPCItems < res.IDs {
+				t.Fatalf("%s: variant %q, %d RPCs carrying %d IDs for %d measured IDs", wl, res.Variant, res.RPCs, res.RPCItems, res.IDs)
+			}
+			if res.RPCs >= res.RPCItems {
+				t.Fatalf("%s: %d RPCs for %d IDs: nothing was coalesced", wl, res.RPCs, res.RPCItems)
+			}
+		})
+	}
+	_, err := Run(context.Background(), Config{Addrs: []string{addr}, Workload: ClaimCommit, Coalesce: true, Count: 8})
+	if err == nil || !strings.Contains(err.Error(), "unknown workload") {
+		t.Fatalf("claim-commit with Coalesce: want an unknown-workload error, got %v", err)
+	}
+}

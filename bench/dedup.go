@@ -58,6 +58,9 @@ type Config struct {
 	OnMeasure       func(start bool)
 	Label           string
 	MaxTime         time.Duration
+	// Coalesce sends every ID as its own call through one client.Batcher
+	// (see coalescing) instead of one raw gRPC call per caller call.
+	Coalesce bool
 }
 
 func (c *Config) defaults() error {
@@ -324,14 +327,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Progress:    cfg.Progress,
 		OnMeasure:   cfg.OnMeasure,
 	}
-	lr, err := RunLoop(ctx, spec, func(w int) (Op, error) {
+	newOp := func(w int) (Op, error) {
 		return newDedupOp(cfg, cs.get(w), NewIDGen(seed, w, cfg.IDSize), hits), nil
-	})
+	}
+	var co *coalescing
+	if cfg.Coalesce {
+		if co, err = newCoalescing(ctx, cfg); err != nil {
+			return nil, err
+		}
+		defer co.close()
+		res.Variant = "coalesced"
+		newOp = func(w int) (Op, error) { return co.op(cfg, NewIDGen(seed, w, cfg.IDSize), hits), nil }
+	}
+	lr, err := RunLoop(ctx, spec, newOp)
 	if err != nil {
 		return nil, err
 	}
 	Summarize(res, lr.Rec, lr.Elapsed)
-	res.Note = joinNotes(note, lr.Stopped, firstErrNote(lr))
+	coNote := ""
+	if co != nil {
+		st := co.b.Stats()
+		res.RPCs, res.RPCItems = int64(st.RPCs), int64(st.Items)
+		coNote = co.stats()
+	}
+	res.Note = joinNotes(note, coNote, lr.Stopped, firstErrNote(lr))
 	return res, nil
 }
 

@@ -132,7 +132,12 @@ type Result struct {
 	ClientCPUSec float64 `json:"client_cpu_sec,omitempty"`
 	// CPU seconds the rest of the machine used in the window (other
 	// processes sharing the box): a measure of how noisy the figure is.
-	OtherCPUSec   float64 `json:"other_cpu_sec,omitempty"`
+	OtherCPUSec float64 `json:"other_cpu_sec,omitempty"`
+	// RPCs and RPCItems count, in coalesced mode (Config.Coalesce), the
+	// RPCs the client's Batcher sent and the IDs they carried over the
+	// whole run, warm-up included; 0 otherwise.
+	RPCs          int64   `json:"rpcs,omitempty"`
+	RPCItems      int64   `json:"rpc_items,omitempty"`
 	Note          string  `json:"note,omitempty"`
 	StartedAt     string  `json:"started_at,omitempty"`
 	DuplicateRate float64 `json:"duplicate_ratio,omitempty"`

@@ -45,6 +45,7 @@ func newBenchCmd() *cobra.Command {
 		addrs      []string
 		output     string
 		noProgress bool
+		cpuProfile string
 		ttl        = 24 * time.Hour
 	)
 	cmd := &cobra.Command{
@@ -92,7 +93,14 @@ func newBenchCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			stopProfile, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
+			}
 			res, err := bench.Run(ctx, cfg)
+			if perr := stopProfile(); perr != nil && err == nil {
+				err = perr
+			}
 			if err != nil {
 				if strings.Contains(err.Error(), "unknown workload") || strings.Contains(err.Error(), "unknown consistency") ||
 					strings.Contains(err.Error(), "unknown target") || strings.Contains(err.Error(), "duplicate ratio") {
@@ -141,6 +149,8 @@ func newBenchCmd() *cobra.Command {
 	fs.StringVar(&cfg.Target, "target", "leader", "`TARGET` of writes: leader (as the client package does) or any (any of --addr)")
 	fs.BoolVar(&cfg.CreateNamespace, "create-namespace", true, "create --namespace when the cluster does not know it")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (a table) or json (one object)")
+	fs.BoolVar(&cfg.Coalesce, "coalesce", false, "send every ID as its own call through the Go client's Batcher, which merges concurrent calls into few RPCs (mark-new, mark-mixed, check-hit, check-miss)")
 	fs.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a Go CPU profile of the load generator to `FILE` (read with 'go tool pprof FILE')")
 	return cmd
 }

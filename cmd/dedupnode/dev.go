@@ -31,13 +31,14 @@ const (
 )
 
 type devFlags struct {
-	nodes     int
-	dataDir   string
-	basePort  int
-	maxBatch  int
-	logLevel  string
-	logFormat string
-	adminAddr string
+	nodes      int
+	dataDir    string
+	basePort   int
+	maxBatch   int
+	logLevel   string
+	logFormat  string
+	adminAddr  string
+	cpuProfile string
 }
 
 const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
@@ -88,6 +89,7 @@ func newDevCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.logLevel, "log-level", "error", "node log `LEVEL` on stderr: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "admin HTTP listener (/metrics, status page, /healthz) of the first node at `HOST:PORT`; node i uses PORT+i; PORT 0 = free ports; off when empty")
+	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the whole cluster process to `FILE` until it stops (read with 'go tool pprof FILE')")
 	return cmd
 }
 
@@ -143,6 +145,15 @@ func runDev(e *env, f *devFlags) (err error) {
 	if err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile(f.cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if perr := stopProfile(); perr != nil && err == nil {
+			err = perr
+		}
+	}()
 
 	dir, temp := f.dataDir, false
 	if dir == "" {
