@@ -75,6 +75,12 @@ type Config struct {
 	TrailingLogs       uint64
 	// SnapshotRetain is how many snapshots are kept on disk (default 2).
 	SnapshotRetain int
+	// LogCacheEntries and LogCacheBytes bound the in-memory cache of the
+	// newest Raft log entries (defaults 512 entries, 32 MiB of entry data;
+	// the newest entry is always cached). Replication and a follower's
+	// apply read recent entries from it; older ones come from bbolt.
+	LogCacheEntries int
+	LogCacheBytes   int
 
 	// MaxGroupItems caps the items (message IDs; an op without items
 	// counts 1) grouped into one Raft entry (default 20 000). A single
@@ -110,6 +116,12 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.SnapshotRetain <= 0 {
 		d.SnapshotRetain = 2
+	}
+	if d.LogCacheEntries <= 0 {
+		d.LogCacheEntries = defaultLogCacheEntries
+	}
+	if d.LogCacheBytes <= 0 {
+		d.LogCacheBytes = defaultLogCacheBytes
 	}
 	if d.MaxGroupItems <= 0 {
 		d.MaxGroupItems = 20_000

@@ -35,6 +35,7 @@ type Node struct {
 	trans  *raft.NetworkTransport
 	stream *streamLayer
 	bolt   *raftboltdb.BoltStore
+	logs   *logCache // in front of bolt (logcache.go)
 	snaps  *raft.FileSnapshotStore
 
 	hadState bool
@@ -153,12 +154,9 @@ func New(cfg Config) (_ *Node, err error) {
 	})
 	closers = append(closers, n.trans.Close)
 
-	logs, err := raft.NewLogCache(512, n.bolt)
-	if err != nil {
-		return nil, err
-	}
+	n.logs = newLogCache(n.bolt, cfg.LogCacheEntries, cfg.LogCacheBytes)
 	rc := n.raftConfig(hcl, skipRestore)
-	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.bolt, n.snaps, n.trans); err != nil {
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.bolt, n.snaps, n.trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	closers = append(closers, func() error { return n.raft.Shutdown().Error() })
