@@ -12,7 +12,7 @@
 #
 # Usage:
 #   scripts/bench-peers.sh [--quick] [peers run flags...]
-#     --quick                 reduced set: 22 cases x 2 s (under a minute measured)
+#     --quick                 reduced set: 25 cases x 2 s (under a minute measured)
 #     --systems redis,etcd-3  only these systems (keys or prefixes)
 #     --duration 10s          measured time per case (default 10s; 2s quick)
 #     --keep                  keep data dirs and server logs

@@ -12,6 +12,38 @@ import (
 )
 
 func dedupnodeSystem(nodes int, quick, full []Case) system {
+	return dedupnodeVariant(nodes, false, quick, full)
+}
+
+// dedupnodeBatcherSystem is dedupnode measured through the Go client's
+// Batcher (bench --coalesce): every ID is its own call, merged into few
+// RPCs by the client. Not a target row: the targets compare raw calls.
+func dedupnodeBatcherSystem(nodes int, quick, full []Case) system {
+	return dedupnodeVariant(nodes, true, quick, full)
+}
+
+func dedupnodeVariant(nodes int, coalesce bool, quick, full []Case) system {
+	if coalesce {
+		return system{
+			Key:   fmt.Sprintf("dedupnode-%d-batcher", nodes),
+			Name:  fmt.Sprintf("dedupnode, %d node%s, Go client Batcher", nodes, plural(nodes)),
+			Kind:  "dedupnode",
+			Nodes: nodes,
+			Detail: "as the row without Batcher, but every ID is its own single-ID call (one goroutine per ID, as a consumer " +
+				"handling one message per goroutine makes them) through the Go client's Batcher, which merges waiting calls into " +
+				"one RPC (at most 4 in flight per operation); latency is per caller call of the batch size shown",
+			Start: func(ctx context.Context, e *env) (Instance, error) {
+				inst, err := startDedupnode(ctx, e, nodes, fmt.Sprintf("dedupnode-%d-batcher", nodes))
+				if err != nil {
+					return nil, err
+				}
+				inst.coalesce = true
+				return inst, nil
+			},
+			Quick: quick,
+			Full:  full,
+		}
+	}
 	return system{
 		Key:   fmt.Sprintf("dedupnode-%d", nodes),
 		Name:  fmt.Sprintf("dedupnode, %d node%s", nodes, plural(nodes)),
@@ -19,24 +51,28 @@ func dedupnodeSystem(nodes int, quick, full []Case) system {
 		Nodes: nodes,
 		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev); " +
 			"the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
-		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes) },
+		Start: func(ctx context.Context, e *env) (Instance, error) {
+			return startDedupnode(ctx, e, nodes, fmt.Sprintf("dedupnode-%d", nodes))
+		},
 		Quick: quick,
 		Full:  full,
 	}
 }
 
 type dedupInst struct {
-	ps    []*proc
-	addrs []string
-	sys   string
-	conns int
+	ps       []*proc
+	addrs    []string
+	sys      string
+	conns    int
+	coalesce bool
 }
 
-func startDedupnode(ctx context.Context, e *env, nodes int) (*dedupInst, error) {
+// startDedupnode starts a cluster of nodes for the system named sys (its
+// data directories are named after it).
+func startDedupnode(ctx context.Context, e *env, nodes int, sys string) (*dedupInst, error) {
 	if e.cfg.DedupnodeBin == "" {
 		return nil, fmt.Errorf("%w: no --dedupnode-bin given", errSkip)
 	}
-	sys := fmt.Sprintf("dedupnode-%d", nodes)
 	inst := &dedupInst{sys: sys, conns: e.cfg.GRPCConns}
 	if e.cfg.DedupnodeMode == "dev" {
 		dir, err := e.dir(sys)
@@ -133,6 +169,7 @@ func (d *dedupInst) Run(ctx context.Context, c Case, rc runCfg) (*bench.Result, 
 		Conns:           d.conns,
 		Preload:         100_000,
 		CreateNamespace: true,
+		Coalesce:        d.coalesce,
 		Progress:        rc.Progress,
 		Label:           fmt.Sprintf("%-22s %-10s b%-3d", d.sys, c.Workload, c.Batch),
 		OnMeasure: func(start bool) {
