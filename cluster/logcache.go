@@ -50,7 +50,9 @@ func newLogCache(store raft.LogStore, entries, maxBytes int) *logCache {
 	return &logCache{store: store, maxBytes: maxBytes, ring: make([]raft.Log, max(entries, 1))}
 }
 
-func logSize(l *raft.Log) int { return logCacheOverhead + len(l.Data) + len(l.Extensions) }
+// logSize counts capacity, not length: the leader's entry buffer grew by
+// append and its spare capacity stays allocated while the entry is cached.
+func logSize(l *raft.Log) int { return logCacheOverhead + cap(l.Data) + cap(l.Extensions) }
 
 // IsMonotonic passes the store's answer through (raft.LogCache does too).
 func (c *logCache) IsMonotonic() bool {
