@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +56,7 @@ type serveFlags struct {
 	tlsClientCA   string
 	authFile      string
 	adminAddr     string
+	memoryLimit   string
 	configFile    string
 
 	// reload re-reads certificates and the token file (SIGHUP); set by
@@ -70,6 +73,7 @@ var serveFlagNames = []string{
 	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
 	"log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
+	"memory-limit",
 }
 
 const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
@@ -138,6 +142,10 @@ func newServeCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if limit, _ := parseByteSize(f.memoryLimit); limit > 0 {
+				debug.SetMemoryLimit(limit) // process-wide, like GOMEMLIMIT
+				logger.Info("Go memory limit set", "bytes", limit)
+			}
 			return serve(e.ctx, cfg, logger, f.reload, f.started)
 		}),
 	}
@@ -164,6 +172,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA `FILE` (PEM) that must have signed every gRPC client's certificate: turns on mutual TLS for clients (must also accept the node certificates, e.g. the cluster CA)")
 	fs.StringVar(&f.authFile, "auth-file", "", "JSON token `FILE` mapping tokens to namespaces and rights (read, write, admin, node); every call then needs a token; reread on SIGHUP")
 	fs.StringVar(&f.configFile, "config", "", "YAML `FILE` whose keys are these flags' names (node-id: n1, peers: [...], tls-cert: ...); the command line and DEDUPNODE_* variables take precedence over it; an unknown key is an error")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "", "soft limit (`SIZE`, e.g. 768MiB or 1GiB) on the Go runtime's memory: the garbage collector runs more often near it instead of letting the heap double (GOGC); Pebble's block cache and memtables and the mmapped Raft log are outside it; off when empty (GOMEMLIMIT still applies)")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
 	return cmd
 }
@@ -192,6 +201,24 @@ func newLeveledLogger(w io.Writer, level, format string) (*slog.Logger, *slog.Le
 }
 
 // hasState reports whether dir already holds a node's Raft state.
+// parseByteSize parses a size such as 1073741824, 768MiB, 1GiB or 512M
+// (K, M, G and the KiB/MiB/GiB forms are all powers of 1024); "" is 0.
+func parseByteSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	num := strings.TrimRightFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	unit := strings.ToUpper(strings.TrimSpace(s[len(num):]))
+	mult := map[string]float64{"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10,
+		"M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}[unit]
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || mult == 0 || v < 0 {
+		return 0, fmt.Errorf("want a size such as 768MiB or 1GiB")
+	}
+	return int64(v * mult), nil
+}
+
 func hasState(dir string) bool {
 	fi, err := os.Stat(filepath.Join(dir, "raft", "raft.db"))
 	return err == nil && fi.Size() > 0
@@ -263,6 +290,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	if f.bloomExpected < 1 {
 		return cfg, nil, usagef("--bloom-expected-per-bucket must be at least 1")
+	}
+	if _, err := parseByteSize(f.memoryLimit); err != nil {
+		return cfg, nil, usagef("--memory-limit %q: %v", f.memoryLimit, err)
 	}
 	logger, err := newLogger(logOut, f.logLevel, f.logFormat)
 	if err != nil {
