@@ -200,7 +200,6 @@ func newLeveledLogger(w io.Writer, level, format string) (*slog.Logger, *slog.Le
 	return nil, nil, usagef("--log-format %q: want text or json", format)
 }
 
-// hasState reports whether dir already holds a node's Raft state.
 // parseByteSize parses a size such as 1073741824, 768MiB, 1GiB or 512M
 // (K, M, G and the KiB/MiB/GiB forms are all powers of 1024); "" is 0.
 func parseByteSize(s string) (int64, error) {
@@ -219,6 +218,7 @@ func parseByteSize(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
+// hasState reports whether dir already holds a node's Raft state.
 func hasState(dir string) bool {
 	fi, err := os.Stat(filepath.Join(dir, "raft", "raft.db"))
 	return err == nil && fi.Size() > 0
