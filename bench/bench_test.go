@@ -266,7 +266,7 @@ func TestRunCoalescedAgainstRealNode(t *testing.T) {
 		})
 	}
 	_, err := Run(context.Background(), Config{Addrs: []string{addr}, Workload: ClaimCommit, Coalesce: true, Count: 8})
-	if err == nil || !strings.Contains(err.Error(), "unknown workload") {
-		t.Fatalf("claim-commit with Coalesce: want an unknown-workload error, got %v", err)
+	if err == nil || !strings.Contains(err.Error(), "cannot be coalesced") {
+		t.Fatalf("claim-commit with Coalesce: want a cannot-be-coalesced error, got %v", err)
 	}
 }

@@ -23,14 +23,17 @@ type coalescing struct {
 // coalesceWorkloads are the workloads --coalesce supports.
 var coalesceWorkloads = []string{MarkNew, MarkMixed, CheckHit, CheckMiss}
 
-func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
-	ok := false
+// checkCoalesce rejects workloads that --coalesce does not support.
+func checkCoalesce(workload string) error {
 	for _, w := range coalesceWorkloads {
-		ok = ok || w == cfg.Workload
+		if w == workload {
+			return nil
+		}
 	}
-	if !ok {
-		return nil, fmt.Errorf("unknown workload %q with coalescing (one of %s)", cfg.Workload, strings.Join(coalesceWorkloads, ", "))
-	}
+	return fmt.Errorf("workload %q cannot be coalesced (with coalescing: %s)", workload, strings.Join(coalesceWorkloads, ", "))
+}
+
+func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
 	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout))
 	if err != nil {
 		return nil, err

@@ -77,6 +77,11 @@ func (c *Config) defaults() error {
 	if !ok {
 		return fmt.Errorf("unknown workload %q (one of %s)", c.Workload, strings.Join(Workloads, ", "))
 	}
+	if c.Coalesce {
+		if err := checkCoalesce(c.Workload); err != nil {
+			return err
+		}
+	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 50
 	}

@@ -102,7 +102,7 @@ func newBenchCmd() *cobra.Command {
 				err = perr
 			}
 			if err != nil {
-				if strings.Contains(err.Error(), "unknown workload") || strings.Contains(err.Error(), "unknown consistency") ||
+				if strings.Contains(err.Error(), "unknown workload") || strings.Contains(err.Error(), "cannot be coalesced") || strings.Contains(err.Error(), "unknown consistency") ||
 					strings.Contains(err.Error(), "unknown target") || strings.Contains(err.Error(), "duplicate ratio") {
 					return usagef("%v", err)
 				}
