@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 
 	bbloom "github.com/bits-and-blooms/bloom/v3"
@@ -74,7 +75,7 @@ func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
 // index the file covers. The caller must check that index against the
 // store's before trusting the filters. On error the filters are unchanged.
 func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
-	data, err := io.ReadAll(r)
+	data, err := readAllSized(r)
 	if err != nil {
 		return 0, fmt.Errorf("read bloom filters: %w", err)
 	}
@@ -135,4 +136,28 @@ func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
 	f.ready = true
 	f.mu.Unlock()
 	return appliedIndex, nil
+}
+
+// readAllSized is io.ReadAll into one buffer sized up front when r can say
+// how much it holds (an *os.File's Stat, a bytes.Reader's Len). A saved
+// file of 10M IDs is ~65 MB: io.ReadAll's doubling growth spent ~0.5 s of a
+// 0.7 s Load zeroing and copying buffers, on the restart's critical path.
+func readAllSized(r io.Reader) ([]byte, error) {
+	size := int64(-1)
+	switch v := r.(type) {
+	case interface{ Stat() (fs.FileInfo, error) }:
+		if fi, err := v.Stat(); err == nil && fi.Mode().IsRegular() {
+			size = fi.Size()
+		}
+	case interface{ Len() int }:
+		size = int64(v.Len())
+	}
+	if size < 0 {
+		return io.ReadAll(r)
+	}
+	// bytes.Buffer.ReadFrom keeps bytes.MinRead free before each read, so
+	// that much extra keeps it from growing at the end.
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	_, err := buf.ReadFrom(r)
+	return buf.Bytes(), err
 }
