@@ -52,6 +52,7 @@ func (n *Node) runLeadership() {
 		case leader := <-n.notifyCh:
 			stopTerm()
 			if leader {
+				n.restoreTimeouts()
 				stopCurrent = n.startTerm()
 			}
 		case <-n.stop:

@@ -59,10 +59,13 @@ type Node struct {
 
 	stop     chan struct{}
 	raftDown chan struct{} // closed once raft.Shutdown has returned
-	stopping atomic.Bool   // set when Shutdown starts (quiets raft's connection noise)
-	wg       sync.WaitGroup
-	shutOnce sync.Once
-	shutErr  error
+	// loneTimeouts holds raft's configured timeouts while hurryLoneElection
+	// has shortened them; runLeadership puts them back once this node leads.
+	loneTimeouts atomic.Pointer[raft.ReloadableConfig]
+	stopping     atomic.Bool // set when Shutdown starts (quiets raft's connection noise)
+	wg           sync.WaitGroup
+	shutOnce     sync.Once
+	shutErr      error
 }
 
 // New opens the stores in cfg.DataDir, starts Raft and, when the node has
@@ -166,6 +169,7 @@ func New(cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 	}
+	n.hurryLoneElection(rc)
 
 	n.observer = raft.NewObserver(n.obsCh, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
@@ -589,5 +593,52 @@ func waitFuture(ctx context.Context, f raft.Future) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// hurryLoneElection shortens raft's follower timeout while this node is the
+// only voter of its configuration (a one-node cluster, restarted or just
+// bootstrapped): nobody else can lead, yet raft would wait a whole
+// randomised heartbeat timeout (1–2 s by default) before electing it, the
+// largest part of a one-node restart. etcd fast-forwards its election ticks
+// on start for the same reason. The timeout goes down to rc's
+// LeaderLeaseTimeout, the least raft.ValidateConfig accepts, and back to rc's
+// once this node leads (runLeadership); nothing else changes.
+func (n *Node) hurryLoneElection(rc *raft.Config) {
+	fut := n.raft.GetConfiguration()
+	if fut.Error() != nil {
+		return
+	}
+	voters, self := 0, false
+	for _, s := range fut.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			self = self || s.ID == rc.LocalID
+		}
+	}
+	normal := n.raft.ReloadableConfig()
+	short := rc.LeaderLeaseTimeout
+	if voters != 1 || !self || short >= normal.HeartbeatTimeout {
+		return
+	}
+	hurried := normal
+	hurried.HeartbeatTimeout, hurried.ElectionTimeout = short, short
+	n.loneTimeouts.Store(&normal)
+	if err := n.raft.ReloadConfig(hurried); err != nil {
+		n.loneTimeouts.Store(nil)
+		n.log.Warn("could not shorten the lone voter's election timeout", "err", err)
+		return
+	}
+	if n.raft.State() == raft.Leader { // elected before the change: undo it
+		n.restoreTimeouts()
+	}
+}
+
+// restoreTimeouts undoes hurryLoneElection once this node leads.
+func (n *Node) restoreTimeouts() {
+	if normal := n.loneTimeouts.Swap(nil); normal != nil {
+		if err := n.raft.ReloadConfig(*normal); err != nil {
+			n.log.Warn("could not restore raft's timeouts", "err", err)
+		}
 	}
 }
