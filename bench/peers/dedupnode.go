@@ -12,51 +12,39 @@ import (
 )
 
 func dedupnodeSystem(nodes int, quick, full []Case) system {
-	return dedupnodeVariant(nodes, false, quick, full)
+	key := fmt.Sprintf("dedupnode-%d", nodes)
+	return system{
+		Key:   key,
+		Name:  fmt.Sprintf("dedupnode, %d node%s", nodes, plural(nodes)),
+		Kind:  "dedupnode",
+		Nodes: nodes,
+		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev); " +
+			"the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
+		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes, key) },
+		Quick: quick,
+		Full:  full,
+	}
 }
 
 // dedupnodeBatcherSystem is dedupnode measured through the Go client's
 // Batcher (bench --coalesce): every ID is its own call, merged into few
 // RPCs by the client. Not a target row: the targets compare raw calls.
 func dedupnodeBatcherSystem(nodes int, quick, full []Case) system {
-	return dedupnodeVariant(nodes, true, quick, full)
-}
-
-func dedupnodeVariant(nodes int, coalesce bool, quick, full []Case) system {
-	if coalesce {
-		return system{
-			Key:   fmt.Sprintf("dedupnode-%d-batcher", nodes),
-			Name:  fmt.Sprintf("dedupnode, %d node%s, Go client Batcher", nodes, plural(nodes)),
-			Kind:  "dedupnode",
-			Nodes: nodes,
-			Detail: "as the row without Batcher, but every ID is its own single-ID call (one goroutine per ID, as a consumer " +
-				"handling one message per goroutine makes them) through the Go client's Batcher, which merges waiting calls into " +
-				"one RPC (at most 4 in flight per operation); latency is per caller call of the batch size shown",
-			Start: func(ctx context.Context, e *env) (Instance, error) {
-				inst, err := startDedupnode(ctx, e, nodes, fmt.Sprintf("dedupnode-%d-batcher", nodes))
-				if err != nil {
-					return nil, err
-				}
-				inst.coalesce = true
-				return inst, nil
-			},
-			Quick: quick,
-			Full:  full,
+	s := dedupnodeSystem(nodes, quick, full)
+	s.Key += "-batcher"
+	s.Name += ", Go client Batcher"
+	s.Detail = "as the row without Batcher, but every ID is its own single-ID call (one goroutine per ID, as a consumer " +
+		"handling one message per goroutine makes them) through the Go client's Batcher, which merges waiting calls into " +
+		"one RPC (at most 4 in flight per operation); latency is per caller call of the batch size shown"
+	s.Start = func(ctx context.Context, e *env) (Instance, error) {
+		inst, err := startDedupnode(ctx, e, nodes, s.Key)
+		if err != nil {
+			return nil, err
 		}
+		inst.coalesce = true
+		return inst, nil
 	}
-	return system{
-		Key:   fmt.Sprintf("dedupnode-%d", nodes),
-		Name:  fmt.Sprintf("dedupnode, %d node%s", nodes, plural(nodes)),
-		Kind:  "dedupnode",
-		Nodes: nodes,
-		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev); " +
-			"the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
-		Start: func(ctx context.Context, e *env) (Instance, error) {
-			return startDedupnode(ctx, e, nodes, fmt.Sprintf("dedupnode-%d", nodes))
-		},
-		Quick: quick,
-		Full:  full,
-	}
+	return s
 }
 
 type dedupInst struct {
