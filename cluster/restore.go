@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -32,97 +34,113 @@ var keyCurrentTerm = []byte("CurrentTerm")
 //     index (the FSM skips entries at or below its applied index: a log
 //     restarting at 1 would be ignored);
 //  3. the stable store's current term is set to the backup's term, so the
-//     node's first election starts past it.
+//     node's first election starts past it;
+//  4. the fencing epoch is raised to one past the backup's before that
+//     snapshot is taken from the seeded state (so the Raft snapshot and the
+//     state agree, and nodes that join get the new epoch): fencing tokens
+//     of the new cluster exceed every token the source cluster can grant
+//     after the backup, although its Raft indexes restart from the
+//     backup's (fsm/DESIGN.md, Fencing epochs).
 //
 // Start the node afterwards with the same NodeID and RaftAddr and neither
 // Bootstrap nor Peers: it elects itself, and other nodes join it. Nodes of
 // the old cluster remain in the node table until removed.
 //
-// Returns the backup's index and term.
-func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger) (index, term uint64, err error) {
+// Returns the backup's index and term, the new fencing epoch and the
+// record counts.
+func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger) (SeedResult, error) {
+	return SeedFromBackupAt(dataDir, nodeID, raftAddr, backup, logger, time.Now())
+}
+
+// SeedResult describes a data dir seeded from a backup.
+type SeedResult struct {
+	// Index and Term are the backup's Raft index and term.
+	Index, Term uint64
+	// FenceEpoch is the fencing epoch of the new cluster: one past the
+	// backup's, so every fencing token it grants exceeds any token the
+	// source cluster can grant after the backup.
+	FenceEpoch uint64
+	// Records counts the backup's records as of the restore: live ones
+	// (committed, leased) and those that answer as absent (released,
+	// expired; dropped with their expiry buckets at later writes).
+	Records fsm.RecordCounts
+}
+
+// SeedFromBackupAt is SeedFromBackup counting records as of now.
+func SeedFromBackupAt(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger, now time.Time) (res SeedResult, err error) {
 	if nodeID == "" || raftAddr == "" || dataDir == "" {
-		return 0, 0, errors.New("seed from backup: node ID, raft address and data dir are required")
+		return res, errors.New("seed from backup: node ID, raft address and data dir are required")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	raftDir := filepath.Join(dataDir, "raft")
 	if fi, err := os.Stat(filepath.Join(raftDir, "raft.db")); err == nil && fi.Size() > 0 {
-		return 0, 0, fmt.Errorf("%s already holds Raft state: restore into an empty data dir", dataDir)
+		return res, fmt.Errorf("%s already holds Raft state: restore into an empty data dir", dataDir)
 	}
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {
-		return 0, 0, fmt.Errorf("create raft dir: %w", err)
+		return res, fmt.Errorf("create raft dir: %w", err)
 	}
 
-	// Keep a copy while the FSM reads the stream: the same bytes become the
-	// Raft snapshot.
-	tmp, err := os.CreateTemp(dataDir, ".backup-*")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
 	hdr := make([]byte, 24)
 	br := bufio.NewReaderSize(backup, 1<<20)
 	if _, err := io.ReadFull(br, hdr); err != nil {
-		return 0, 0, fmt.Errorf("read backup header: %w", err)
+		return res, fmt.Errorf("read backup header: %w", err)
 	}
 	if string(hdr[:8]) != "DDNSNAP1" {
-		return 0, 0, fmt.Errorf("not a dedupnode backup (magic %q): %w", hdr[:8], fsm.ErrBadSnapshot)
+		return res, fmt.Errorf("not a dedupnode backup (magic %q): %w", hdr[:8], fsm.ErrBadSnapshot)
 	}
-	index, term = binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint64(hdr[16:24])
-	if _, err := tmp.Write(hdr); err != nil {
-		return 0, 0, err
-	}
-	if _, err := io.Copy(tmp, br); err != nil {
-		return 0, 0, fmt.Errorf("read backup: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return 0, 0, err
-	}
+	index, term := binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint64(hdr[16:24])
+	res.Index, res.Term = index, term
 
 	f, err := fsm.New(fsm.Config{Dir: filepath.Join(dataDir, "fsm"), Logger: logger})
 	if err != nil {
-		return 0, 0, fmt.Errorf("open fsm: %w", err)
+		return res, fmt.Errorf("open fsm: %w", err)
 	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+	if err := f.Restore(io.NopCloser(io.MultiReader(bytes.NewReader(hdr), br))); err != nil {
 		f.Close()
-		return 0, 0, err
-	}
-	if err := f.Restore(io.NopCloser(tmp)); err != nil {
-		f.Close()
-		return 0, 0, err
+		return res, err
 	}
 	if got := f.AppliedIndex(); got != index {
 		f.Close()
-		return 0, 0, fmt.Errorf("backup header says index %d, restored state says %d: %w", index, got, fsm.ErrBadSnapshot)
+		return res, fmt.Errorf("backup header says index %d, restored state says %d: %w", index, got, fsm.ErrBadSnapshot)
 	}
-	if err := f.Close(); err != nil {
-		return 0, 0, fmt.Errorf("close fsm: %w", err)
+	if res.FenceEpoch, err = f.SeedFenceEpoch(f.FenceEpoch() + 1); err != nil {
+		f.Close()
+		return res, fmt.Errorf("raise fencing epoch: %w", err)
 	}
+	if res.Records, err = f.CountRecords(max(now.UnixMilli(), f.LastTimestamp())); err != nil {
+		f.Close()
+		return res, err
+	}
+	// The Raft snapshot is the seeded state (new epoch included), not the
+	// backup's bytes: nodes that join install it.
+	fsnap, err := f.Snapshot()
+	if err != nil {
+		f.Close()
+		return res, fmt.Errorf("snapshot seeded state: %w", err)
+	}
+	defer func() {
+		fsnap.Release()
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close fsm: %w", cerr)
+		}
+	}()
 
 	hcl := newHCLogger(logger.With("component", "raft"), hclog.Warn, nil)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hcl)
 	if err != nil {
-		return 0, 0, fmt.Errorf("open snapshot store: %w", err)
+		return res, fmt.Errorf("open snapshot store: %w", err)
 	}
 	_, trans := raft.NewInmemTransport(raft.ServerAddress(raftAddr))
 	defer trans.Close()
 	conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(nodeID), Address: raft.ServerAddress(raftAddr)}}}
 	sink, err := snaps.Create(raft.SnapshotVersionMax, index, term, conf, index, trans)
 	if err != nil {
-		return 0, 0, fmt.Errorf("create raft snapshot: %w", err)
+		return res, fmt.Errorf("create raft snapshot: %w", err)
 	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		sink.Cancel()
-		return 0, 0, err
-	}
-	if _, err := io.Copy(sink, tmp); err != nil {
-		sink.Cancel()
-		return 0, 0, fmt.Errorf("write raft snapshot: %w", err)
-	}
-	if err := sink.Close(); err != nil {
-		return 0, 0, fmt.Errorf("write raft snapshot: %w", err)
+	if err := fsnap.Persist(sink); err != nil { // closes or cancels sink
+		return res, fmt.Errorf("write raft snapshot: %w", err)
 	}
 
 	bolt, err := raftboltdb.New(raftboltdb.Options{
@@ -130,15 +148,16 @@ func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *
 		BoltOptions: boltOptions(),
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("open raft log: %w", err)
+		return res, fmt.Errorf("open raft log: %w", err)
 	}
 	if err := bolt.SetUint64(keyCurrentTerm, term); err != nil {
 		bolt.Close()
-		return 0, 0, fmt.Errorf("set raft term: %w", err)
+		return res, fmt.Errorf("set raft term: %w", err)
 	}
 	if err := bolt.Close(); err != nil {
-		return 0, 0, err
+		return res, err
 	}
-	logger.Info("seeded data dir from backup", "dir", dataDir, "index", index, "term", term, "node", nodeID, "raft_addr", raftAddr)
-	return index, term, nil
+	logger.Info("seeded data dir from backup", "dir", dataDir, "index", index, "term", term, "node", nodeID, "raft_addr", raftAddr,
+		"fence_epoch", res.FenceEpoch, "live_records", res.Records.Live(), "expired", res.Records.Expired, "released", res.Records.Released)
+	return res, nil
 }

@@ -220,6 +220,8 @@ func (a *applier) op(op *Op) OpResult {
 	switch op.Kind {
 	case OpTick:
 		return OpResult{}
+	case OpRaiseFenceEpoch:
+		return a.raiseFenceEpoch(op.FenceEpoch)
 	case OpCreateNamespace:
 		return a.createNamespace(op.Config)
 	case OpUpdateNamespace:
@@ -254,6 +256,9 @@ func (a *applier) op(op *Op) OpResult {
 	// applies nothing.
 	if err := Validate(op, ns, Limits{MaxBatch: 1 << 30}); err != nil {
 		return OpResult{Err: err}
+	}
+	if op.Kind == OpClaim && a.index > maxFenceIndex {
+		return OpResult{Err: fmt.Errorf("%w: Raft index %d exceeds the %d bits of a fencing token's index", ErrFenceRange, a.index, FenceIndexBits)}
 	}
 	res := OpResult{Items: make([]ItemResult, len(op.Items))}
 	for i := range op.Items {
@@ -296,7 +301,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 			lease = ns.DefaultLeaseMs
 		}
 		if !live {
-			nr := Record{State: StateLeased, FirstSeenMs: now, ExpiresMs: now + lease, Token: it.Token, Digest: it.Digest, Fence: a.index}
+			nr := Record{State: StateLeased, FirstSeenMs: now, ExpiresMs: now + lease, Token: it.Token, Digest: it.Digest, Fence: MakeFence(a.f.st.fenceEpoch, a.index)}
 			a.write(ns, it.ID, found, bucket, &nr)
 			return ItemResult{Code: CodeAcquired, Record: nr}
 		}
@@ -498,6 +503,19 @@ func (a *applier) dropBucket(nsID uint32, bucket uint64) {
 	delete(a.dirty, k)
 	a.f.filters.Drop(k)
 	a.dropped = append(a.dropped, keyRange{start, end})
+}
+
+// raiseFenceEpoch sets the fencing epoch to max(current, epoch).
+func (a *applier) raiseFenceEpoch(epoch uint64) OpResult {
+	st := &a.f.st
+	if epoch > MaxFenceEpoch {
+		return OpResult{Err: fmt.Errorf("%w: epoch %d exceeds %d", ErrFenceRange, epoch, MaxFenceEpoch), FenceEpoch: st.fenceEpoch}
+	}
+	if epoch > st.fenceEpoch {
+		st.fenceEpoch = epoch
+		must(a.b.Set(storage.MetaKey(metaFenceEpoch), encodeUvarint(epoch), nil))
+	}
+	return OpResult{FenceEpoch: st.fenceEpoch}
 }
 
 func (a *applier) createNamespace(cfg NamespaceConfig) OpResult {

@@ -26,6 +26,11 @@ const (
 	// OpTick carries only the timestamp: it lets the FSM drop expired
 	// buckets when no client writes arrive.
 	OpTick OpKind = 12
+	// OpRaiseFenceEpoch raises the fencing epoch (the high bits of every
+	// fencing token granted afterwards) to at least Op.FenceEpoch; an
+	// import proposes it so that new tokens exceed every token the source
+	// cluster could grant (see DESIGN.md, Fencing epochs).
+	OpRaiseFenceEpoch OpKind = 13
 )
 
 func (k OpKind) String() string {
@@ -54,6 +59,8 @@ func (k OpKind) String() string {
 		return "remove-node"
 	case OpTick:
 		return "tick"
+	case OpRaiseFenceEpoch:
+		return "raise-fence-epoch"
 	}
 	return fmt.Sprintf("op(%d)", uint8(k))
 }
@@ -86,6 +93,9 @@ type Op struct {
 	Config NamespaceConfig
 	// Node is the node for SetNode/RemoveNode (RemoveNode uses Node.ID).
 	Node NodeInfo
+	// FenceEpoch is the epoch OpRaiseFenceEpoch raises the state's to (if
+	// it is lower), at most MaxFenceEpoch.
+	FenceEpoch uint64
 }
 
 // NodeInfo maps a Raft server ID to the address clients use.
@@ -129,7 +139,7 @@ var ErrCorruptCommand = errors.New("corrupt command")
 //	version(1 byte) timestamp(zigzag varint) nops
 //	op*: kind(1 byte) namespace(len+bytes) duration(zigzag) nitems
 //	     item*: id(len+bytes) digest(len+bytes) token(len+bytes) fence
-//	     then, by kind: namespace config | node info | nothing
+//	     then, by kind: namespace config | node info | fence epoch | nothing
 func AppendCommand(dst []byte, c *Command) []byte {
 	dst = append(dst, commandVersion)
 	dst = binary.AppendVarint(dst, c.TimestampMs)
@@ -153,6 +163,8 @@ func AppendCommand(dst []byte, c *Command) []byte {
 		case OpSetNode, OpRemoveNode:
 			dst = appendBytes(dst, []byte(op.Node.ID))
 			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
+		case OpRaiseFenceEpoch:
+			dst = binary.AppendUvarint(dst, op.FenceEpoch)
 		}
 	}
 	return dst
@@ -196,7 +208,7 @@ func DecodeCommand(data []byte) (Command, error) {
 	for i := range c.Ops {
 		op := &c.Ops[i]
 		op.Kind = OpKind(d.byte())
-		if op.Kind < OpMark || op.Kind > OpTick {
+		if op.Kind < OpMark || op.Kind > OpRaiseFenceEpoch {
 			if d.err == nil {
 				d.fail("unknown op kind %d", op.Kind)
 			}
@@ -240,6 +252,8 @@ func DecodeCommand(data []byte) (Command, error) {
 		case OpSetNode, OpRemoveNode:
 			op.Node.ID = string(d.bytes(maxNameBytes))
 			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
+		case OpRaiseFenceEpoch:
+			op.FenceEpoch = d.uvarint()
 		}
 		if d.err != nil {
 			return Command{}, d.err

@@ -66,6 +66,9 @@ type state struct {
 	// ones not yet dropped).
 	counts map[bloom.Key]uint64
 	nodes  map[string]string
+	// fenceEpoch is the high part of every fencing token granted now
+	// (MakeFence); persisted under metaFenceEpoch, so snapshots carry it.
+	fenceEpoch uint64
 }
 
 type keyRange struct{ start, end []byte }
@@ -74,7 +77,9 @@ const (
 	metaApplied = "applied"
 	metaTs      = "ts"
 	metaNsSeq   = "nsseq"
-	dbDirName   = "db"
+	// metaFenceEpoch is absent until the epoch first leaves 0.
+	metaFenceEpoch = "fepoch"
+	dbDirName      = "db"
 )
 
 // New opens (or creates) the FSM's database in cfg.Dir and starts rebuilding
@@ -224,6 +229,15 @@ func loadState(db *storage.DB) (state, error) {
 			return st, fmt.Errorf("load ts: %w", err)
 		}
 		st.lastTs = ts
+	}
+	if v, found, err := storage.GetCopy(db, storage.MetaKey(metaFenceEpoch)); err != nil {
+		return st, err
+	} else if found {
+		e, err := decodeUvarint(v)
+		if err != nil || e > MaxFenceEpoch {
+			return st, fmt.Errorf("load fence epoch %d: %w", e, errors.Join(err, ErrFenceRange))
+		}
+		st.fenceEpoch = e
 	}
 	err = scanPrefix(db, []byte{storage.PrefixNamespace}, func(k, v []byte) error {
 		ns, err := decodeNamespace(v)

@@ -10,7 +10,7 @@ import (
 // decodes re-encodes to bytes that decode to the same command.
 func FuzzDecodeCommand(f *testing.F) {
 	f.Add(AppendCommand(nil, &Command{TimestampMs: t0, Ops: []Op{{Kind: OpMark, Namespace: "n", DurationMs: 5, Items: []Item{{ID: []byte("a"), Digest: []byte("d"), Token: []byte("t")}}}}}))
-	f.Add(AppendCommand(nil, &Command{Ops: []Op{{Kind: OpCreateNamespace, Config: DefaultNamespaceConfig("x")}, {Kind: OpSetNode, Node: NodeInfo{ID: "n1", GRPCAddr: "h:1"}}, {Kind: OpTick}}}))
+	f.Add(AppendCommand(nil, &Command{Ops: []Op{{Kind: OpCreateNamespace, Config: DefaultNamespaceConfig("x")}, {Kind: OpSetNode, Node: NodeInfo{ID: "n1", GRPCAddr: "h:1"}}, {Kind: OpTick}, {Kind: OpRaiseFenceEpoch, FenceEpoch: 3}}}))
 	f.Add([]byte{1, 0, 200, 200, 200, 200, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {

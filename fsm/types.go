@@ -142,8 +142,10 @@ type Record struct {
 	Token []byte
 	// Digest is the payload digest given when recorded.
 	Digest []byte
-	// Fence is the fencing token of the latest claim: the Raft index of the
-	// entry that granted it, so it only grows per ID (and cluster-wide).
+	// Fence is the fencing token of the latest claim: the cluster's fencing
+	// epoch in the high FenceEpochBits bits and the Raft index of the entry
+	// that granted it in the low FenceIndexBits (MakeFence), so it only
+	// grows per ID and cluster-wide, across restores and imports too.
 	Fence uint64
 }
 
@@ -161,6 +163,8 @@ type OpResult struct {
 	Err       error
 	Items     []ItemResult
 	Namespace NamespaceConfig
+	// FenceEpoch is the state's fencing epoch after an OpRaiseFenceEpoch.
+	FenceEpoch uint64
 }
 
 // ApplyResult is what FSM.Apply returns (through raft's ApplyFuture.Response)
@@ -177,7 +181,30 @@ var (
 	ErrNamespaceExists   = errors.New("namespace already exists")
 	ErrInvalidArgument   = errors.New("invalid argument")
 	ErrNodeNotFound      = errors.New("node not found")
+	// ErrFenceRange: a claim's Raft index no longer fits the fencing
+	// token's index bits (2^48 entries), or an epoch past MaxFenceEpoch
+	// was asked for. Nothing of the op applied.
+	ErrFenceRange = errors.New("fencing token out of range")
 )
+
+// Fencing tokens: epoch<<FenceIndexBits | Raft index. The epoch starts at
+// 0 (so tokens of a cluster never restored are plain Raft indexes) and
+// grows by one at each restore from a backup, and past the source's at
+// an import; tokens granted in a later epoch exceed every token of an
+// earlier one whatever the indexes.
+const (
+	FenceIndexBits = 48
+	FenceEpochBits = 64 - FenceIndexBits
+	MaxFenceEpoch  = 1<<FenceEpochBits - 1
+	maxFenceIndex  = 1<<FenceIndexBits - 1
+)
+
+// MakeFence returns the fencing token of a claim applied at Raft index
+// index in epoch epoch. REQUIRES: index <= 2^48-1, epoch <= MaxFenceEpoch.
+func MakeFence(epoch, index uint64) uint64 { return epoch<<FenceIndexBits | index }
+
+// FenceEpochOf returns the epoch a fencing token was granted in.
+func FenceEpochOf(fence uint64) uint64 { return fence >> FenceIndexBits }
 
 // ApplyErr is returned by FSM.Apply when a log entry cannot be decoded; the
 // entry is skipped on every replica alike.

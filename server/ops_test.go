@@ -147,20 +147,20 @@ func TestBackupRestoreSeedsNewCluster(t *testing.T) {
 	bad := append([]byte(nil), data...)
 	bad[len(bad)/2] ^= 0xff
 	raftLn := listenTCP(t)
-	if _, _, err := cluster.SeedFromBackup(filepath.Join(t.TempDir(), "bad"), "b1", raftLn.Addr().String(), bytes.NewReader(bad), nil); err == nil {
+	if _, err := cluster.SeedFromBackup(filepath.Join(t.TempDir(), "bad"), "b1", raftLn.Addr().String(), bytes.NewReader(bad), nil); err == nil {
 		t.Fatal("a corrupted backup was accepted")
 	}
 
 	dirB := filepath.Join(t.TempDir(), "b1")
 	cfgB := plainConfig(t, "b1", dirB)
-	gotIndex, _, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil)
+	seeded, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gotIndex != index {
-		t.Fatalf("seeded at index %d, backup at %d", gotIndex, index)
+	if seeded.Index != index {
+		t.Fatalf("seeded at index %d, backup at %d", seeded.Index, index)
 	}
-	if _, _, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil); err == nil {
+	if _, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil); err == nil {
 		t.Fatal("seeding a data dir that has state succeeded")
 	}
 	b := startNode(t, cfgB)

@@ -227,6 +227,11 @@ func newRestoreCmd(e *env) *cobra.Command {
 holding the state of a backup: it verifies the backup's checksum, installs
 it, and records a one-voter Raft configuration (this node at --raft-addr)
 at the backup's Raft index, so the new cluster's log continues after it.
+It prints how many records it restored (live: committed or leased) and how
+many it skipped as expired (they answer as absent and their space is
+reclaimed at the first writes). The new cluster's fencing epoch is one past
+the backup's, so its fencing tokens exceed every token the source cluster
+can still grant (docs/OPERATIONS.md, Fencing tokens).
 
 Then start the node with 'serve' and the same --node-id, --data-dir and
 --raft-addr, and without --bootstrap, --peers or --join; start the other
@@ -248,11 +253,15 @@ the node table until you 'remove' them.`,
 				return &opError{err: err, hint: "check --from"}
 			}
 			defer in.Close()
-			index, term, err := cluster.SeedFromBackup(dataDir, nodeID, raftAddr, in, nil)
+			res, err := cluster.SeedFromBackup(dataDir, nodeID, raftAddr, in, nil)
 			if err != nil {
 				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
 			}
-			fmt.Fprintf(e.stdout, "restored %s into %s (Raft index %d, term %d) as node %s at %s\n", from, dataDir, index, term, nodeID, raftAddr)
+			c := res.Records
+			fmt.Fprintf(e.stdout, "restored %s into %s (Raft index %d, term %d) as node %s at %s\n", from, dataDir, res.Index, res.Term, nodeID, raftAddr)
+			fmt.Fprintf(e.stdout, "records: %d restored (%d committed, %d leased); skipped as expired: %d; released leases (count as absent): %d\n",
+				c.Live(), c.Committed, c.Leased, c.Expired, c.Released)
+			fmt.Fprintf(e.stdout, "fencing epoch %d: every fencing token of this cluster exceeds any the source cluster can grant\n", res.FenceEpoch)
 			fmt.Fprintf(e.stdout, "start it with: %s serve --node-id %s --data-dir %s --raft-addr %s --grpc-addr HOST:PORT\n", e.progName, nodeID, dataDir, raftAddr)
 			return nil
 		}),
