@@ -268,10 +268,18 @@ func EnsureNamespace(ctx context.Context, cc grpc.ClientConnInterface, name stri
 	return nil
 }
 
+// ConfigError is Run's error for an invalid Config (an unknown workload,
+// consistency or target, a ratio out of range): the caller's input, not
+// the cluster, is at fault.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
 // Run runs one benchmark against a dedupnode cluster.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.defaults(); err != nil {
-		return nil, err
+		return nil, &ConfigError{Err: err}
 	}
 	addrs := cfg.Addrs
 	note := ""

@@ -10,14 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/chaos/history"
+	"github.com/dedupnode/dedupnode/client"
 )
 
 // conns holds one gRPC connection per node.
@@ -384,23 +383,14 @@ const (
 )
 
 func classify(err error) attemptErr {
-	st, ok := status.FromError(err)
-	if !ok {
-		return errIndeterminate
-	}
-	switch st.Code() {
-	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition,
-		codes.OutOfRange, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted, codes.Unimplemented:
+	// The client decodes the node's error details; its kinds say whether
+	// the node applied nothing.
+	e := client.AsError(err)
+	switch {
+	case !client.Heals(err) || e.Code == codes.FailedPrecondition:
 		return errFatal
-	case codes.Unavailable:
-		for _, d := range st.Details() {
-			if info, ok := d.(*errdetails.ErrorInfo); ok {
-				switch info.Reason {
-				case "NOT_LEADER", "SHUTTING_DOWN", "LEADER_BUSY":
-					return errNotApplied
-				}
-			}
-		}
+	case e.Kind == client.ErrNotLeader, e.Reason == dedupv1.ReasonShuttingDown, e.Reason == dedupv1.ReasonBusy:
+		return errNotApplied
 	}
 	return errIndeterminate
 }

@@ -88,7 +88,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	c.learn(resp)
+	c.learn("", resp)
 	return statusOf(resp), nil
 }
 
@@ -99,13 +99,21 @@ func (c *Client) StatusOf(ctx context.Context, addr string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
+	c.mu.Lock()
+	l := c.linkLocked(addr)
+	c.mu.Unlock()
+	before := l.state()
 	actx, cancel := c.attemptCtx(ctx)
 	defer cancel()
 	resp, err := dedupv1.NewAdminClient(cc).Status(actx, &dedupv1.StatusRequest{})
 	if err != nil {
-		return Status{}, err
+		e, _ := c.classify("status", addr, l, before, err)
+		if ctx.Err() != nil {
+			e.ctxErr = ctx.Err()
+		}
+		return Status{}, c.finish(e, 1, false)
 	}
-	c.learn(resp)
+	c.learn(addr, resp)
 	return statusOf(resp), nil
 }
 

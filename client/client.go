@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -33,9 +34,13 @@ type Client struct {
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
-	addrs  []string // known node gRPC addresses: seeds first, then learned
-	cursor int      // index into addrs of the node used when no leader is known
-	leader string   // gRPC address of the last known leader; "" if unknown
+	links  map[string]*link // what the transport saw of each address
+	addrs  []string         // known node gRPC addresses: seeds first, then learned
+	cursor int              // index into addrs of the node used when no leader is known
+	leader string           // gRPC address of the last known leader; "" if unknown
+	// lastLeader is the address of the last node seen acting as leader
+	// (it served a leader call, or said so itself); errors name it.
+	lastLeader string
 	// discovering is non-nil while a leader discovery runs; it is closed
 	// when the discovery ends.
 	discovering chan struct{}
@@ -53,7 +58,7 @@ func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}}
+	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}, links: map[string]*link{}}
 	for _, a := range addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return nil, fmt.Errorf("dedupnode client: address %q: want host:port: %w", a, err)
@@ -119,8 +124,14 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
+	l := c.linkLocked(addr)
+	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	if c.opts.tls != nil {
+		creds = watchedCreds{TransportCredentials: credentials.NewTLS(c.opts.tls), l: l}
+	}
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(l.dial),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
 	}, c.opts.dialOpts...)
 	cc, err := grpc.NewClient(addr, dial...)
@@ -131,10 +142,31 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-// learn records the membership seen in a Status answer.
-func (c *Client) learn(st *dedupv1.StatusResponse) {
+// linkLocked returns the link of addr, creating it on first use.
+func (c *Client) linkLocked(addr string) *link {
+	l, ok := c.links[addr]
+	if !ok {
+		l = &link{addr: addr, tls: c.opts.tls != nil}
+		c.links[addr] = l
+	}
+	return l
+}
+
+// downLocked: the last dial to addr failed (a dead leader is not adopted
+// again from a follower's stale word until it accepts connections).
+func (c *Client) downLocked(addr string) bool {
+	l, ok := c.links[addr]
+	return ok && l.down()
+}
+
+// learn records the membership seen in a Status answer from the node at
+// from ("" if unknown).
+func (c *Client) learn(from string, st *dedupv1.StatusResponse) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if from != "" && st.GetNodeId() != "" && st.GetNodeId() == st.GetLeaderId() {
+		c.lastLeader = from
+	}
 	for _, m := range st.GetMembers() {
 		if a := m.GetGrpcAddr(); a != "" && !slices.Contains(c.addrs, a) {
 			c.addrs = append(c.addrs, a)
@@ -143,6 +175,9 @@ func (c *Client) learn(st *dedupv1.StatusResponse) {
 	if a := st.GetLeaderGrpcAddr(); a != "" {
 		if !slices.Contains(c.addrs, a) {
 			c.addrs = append(c.addrs, a)
+		}
+		if c.downLocked(a) {
+			return
 		}
 		if c.leader != a {
 			c.opts.logger.Debug("dedupnode client: leader", "addr", a, "id", st.GetLeaderId())
@@ -182,30 +217,34 @@ func (c *Client) discover(ctx context.Context) {
 
 	dctx, cancel := c.attemptCtx(ctx)
 	defer cancel()
-	found := make(chan *dedupv1.StatusResponse, len(addrs))
+	type answer struct {
+		from string
+		st   *dedupv1.StatusResponse
+	}
+	found := make(chan answer, len(addrs))
 	for _, a := range addrs {
 		cc, err := c.conn(a)
 		if err != nil {
-			found <- nil
+			found <- answer{}
 			continue
 		}
 		go func() {
 			st, err := dedupv1.NewAdminClient(cc).Status(dctx, &dedupv1.StatusRequest{})
 			if err != nil {
-				found <- nil
+				found <- answer{}
 				return
 			}
-			found <- st
+			found <- answer{a, st}
 		}()
 	}
 	for range addrs {
 		select {
-		case st := <-found:
-			if st == nil {
+		case ans := <-found:
+			if ans.st == nil {
 				continue
 			}
-			c.learn(st)
-			if st.GetLeaderGrpcAddr() != "" {
+			c.learn(ans.from, ans.st)
+			if c.Leader() != "" {
 				return
 			}
 		case <-dctx.Done():
@@ -224,7 +263,7 @@ const (
 
 // pick returns the address for the next attempt: the leader when known and
 // wanted, else the current node of the rotation.
-func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, error) {
+func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, *link, error) {
 	if t == toLeader && c.Leader() == "" {
 		c.discover(ctx)
 	}
@@ -232,10 +271,26 @@ func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, 
 	defer c.mu.Unlock()
 	addr := c.leader
 	if t == toAny || addr == "" {
-		addr = c.addrs[c.cursor%len(c.addrs)]
+		// The next node of the rotation that does not refuse connections
+		// (all of them if every one does).
+		n := len(c.addrs)
+		for i := range n {
+			if !c.downLocked(c.addrs[(c.cursor+i)%n]) {
+				c.cursor += i
+				break
+			}
+		}
+		addr = c.addrs[c.cursor%n]
 	}
 	cc, err := c.connLocked(addr)
-	return addr, cc, err
+	return addr, cc, c.linkLocked(addr), err
+}
+
+// served notes that addr answered a leader call: it acted as leader.
+func (c *Client) served(addr string) {
+	c.mu.Lock()
+	c.lastLeader = addr
+	c.mu.Unlock()
 }
 
 // failed notes a failed attempt against addr: it is no longer trusted as
@@ -283,15 +338,17 @@ func (c *Client) hint(err error) {
 	}
 	for _, d := range st.Details() {
 		info, ok := d.(*errdetails.ErrorInfo)
-		if !ok || info.GetDomain() != "dedupnode" {
+		if !ok || info.GetDomain() != dedupv1.ErrorDomain {
 			continue
 		}
-		if a := info.GetMetadata()["leader_grpc_addr"]; a != "" {
+		if a := info.GetMetadata()[dedupv1.MetaLeaderGRPCAddr]; a != "" {
 			c.mu.Lock()
 			if !slices.Contains(c.addrs, a) {
 				c.addrs = append(c.addrs, a)
 			}
-			c.leader = a
+			if !c.downLocked(a) {
+				c.leader = a
+			}
 			c.mu.Unlock()
 		}
 	}
@@ -324,28 +381,46 @@ func (c *Client) backoff(n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// readOps are the calls that write nothing: their failures never leave an
+// outcome unknown.
+var readOps = map[string]bool{
+	"check": true, "status": true, "describe namespace": true, "list namespaces": true,
+	"digest": true, "backup": true, "export": true,
+}
+
 // invoke runs one logical call: attempts fn against the picked node, retrying
 // retryable failures with backoff until success, maxAttempts, or ctx's end.
-// fn must be safe to repeat (writes carry their request token).
+// fn must be safe to repeat (writes carry their request token). Its error is
+// an *Error; a write that may have been applied by some attempt fails with
+// ErrOutcomeUnknown, whatever the last attempt saw.
 func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
+	write := !readOps[op]
 	var (
-		lastErr  error
-		lastAddr string
-		attempt  int
+		last      *Error
+		uncertain bool // some attempt of a write may have been applied
+		attempt   int
 	)
 	for attempt = 1; ; attempt++ {
-		addr, cc, err := c.pick(ctx, t)
+		addr, cc, l, err := c.pick(ctx, t)
 		if err != nil {
 			return err
 		}
+		before := l.state()
 		actx, cancel := c.attemptCtx(ctx)
 		err = fn(actx, cc)
 		cancel()
 		if err == nil {
+			if t == toLeader {
+				c.served(addr)
+			}
 			return nil
 		}
-		lastErr, lastAddr = err, addr
-		if !retryable(ctx, err) || (c.opts.retryIf != nil && !c.opts.retryIf(err)) {
+		e, maybeApplied := c.classify(op, addr, l, before, err)
+		last = e
+		if write && maybeApplied {
+			uncertain = true
+		}
+		if !retryable(ctx, err) || !Heals(e) || (c.opts.retryIf != nil && !c.opts.retryIf(e)) {
 			break
 		}
 		c.failed(addr)
@@ -360,16 +435,56 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 		case <-tm.C:
 		case <-ctx.Done():
 			tm.Stop()
-			if status.Code(lastErr) == codes.OK {
-				lastErr = ctx.Err()
-			}
-			return fmt.Errorf("dedupnode %s via %s (attempt %d, then %w): %w", op, lastAddr, attempt, ctx.Err(), lastErr)
+			last.ctxErr = ctx.Err()
+			return c.finish(last, attempt, uncertain)
 		}
 	}
-	if attempt > 1 {
-		return fmt.Errorf("dedupnode %s via %s (attempt %d): %w", op, lastAddr, attempt, lastErr)
+	if ctx.Err() != nil {
+		last.ctxErr = ctx.Err()
 	}
-	return fmt.Errorf("dedupnode %s via %s: %w", op, lastAddr, lastErr)
+	return c.finish(last, attempt, uncertain)
+}
+
+// classify turns one attempt's error into an *Error, and says whether the
+// attempt may have been applied (for writes).
+func (c *Client) classify(op, addr string, l *link, before linkState, err error) (*Error, bool) {
+	e := &Error{Op: op, Addr: addr, err: err}
+	decodeStatus(e, err)
+	if e.Reason != "" {
+		// A node answered: it says what happened.
+		return e, e.Kind == ErrOutcomeUnknown
+	}
+	switch e.Code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown:
+		kind, cause, maybeSent := l.transportError(before)
+		if kind != nil {
+			e.Kind, e.Cause = kind, cause
+			if cause != nil {
+				e.Message = cause.Error()
+			}
+			return e, maybeSent && kind != ErrTLSMismatch && kind != ErrNotGRPC
+		}
+		if e.Code == codes.Unavailable {
+			e.Kind = ErrUnavailable
+		}
+		return e, maybeSent
+	}
+	return e, false
+}
+
+// finish completes the error of a failed call.
+func (c *Client) finish(e *Error, attempts int, uncertain bool) error {
+	e.Attempts = attempts
+	c.mu.Lock()
+	e.LastLeader = c.lastLeader
+	c.mu.Unlock()
+	if uncertain {
+		switch e.Kind {
+		case nil, ErrUnavailable, ErrNotLeader, ErrRefused, ErrOutcomeUnknown:
+			e.Kind = ErrOutcomeUnknown
+		}
+	}
+	return e
 }
 
 // NewRequestToken returns a fresh random 16-byte request token. The client

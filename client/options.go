@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 )
 
 // Defaults used by New.
@@ -31,6 +30,7 @@ type options struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 	dialOpts    []grpc.DialOption
+	tls         *tls.Config
 	logger      *slog.Logger
 	retryIf     func(error) bool
 }
@@ -88,7 +88,7 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // client certificate when the cluster requires mutual TLS); see package
 // security for builders.
 func WithTLS(cfg *tls.Config) Option {
-	return WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	return func(o *options) { o.tls = cfg }
 }
 
 // WithToken sends token on every call as "authorization: Bearer <token>",

@@ -249,7 +249,7 @@ func (a *applier) op(op *Op) OpResult {
 	}
 	ns := st.namespaces[name]
 	if ns == nil {
-		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, name)}
+		return OpResult{Err: &NamespaceError{Name: name, Err: ErrNamespaceNotFound}}
 	}
 	// Re-validate against the namespace as of this entry: its limits may
 	// have changed since the edge checked. Deterministic, and an invalid op
@@ -524,7 +524,7 @@ func (a *applier) createNamespace(cfg NamespaceConfig) OpResult {
 		return OpResult{Err: err}
 	}
 	if cur := st.namespaces[cfg.Name]; cur != nil {
-		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceExists, cfg.Name), Namespace: *cur}
+		return OpResult{Err: &NamespaceError{Name: cfg.Name, Err: ErrNamespaceExists}, Namespace: *cur}
 	}
 	cfg.ID = st.nsSeq
 	st.nsSeq++
@@ -536,7 +536,7 @@ func (a *applier) createNamespace(cfg NamespaceConfig) OpResult {
 func (a *applier) updateNamespace(upd NamespaceConfig) OpResult {
 	cur := a.f.st.namespaces[upd.Name]
 	if cur == nil {
-		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, upd.Name)}
+		return OpResult{Err: &NamespaceError{Name: upd.Name, Err: ErrNamespaceNotFound}}
 	}
 	merged := MergeNamespaceUpdate(*cur, upd)
 	if err := ValidateNamespaceConfig(&merged); err != nil {
@@ -561,7 +561,7 @@ func (a *applier) deleteNamespace(name string) OpResult {
 	}
 	ns := st.namespaces[name]
 	if ns == nil {
-		return OpResult{Err: fmt.Errorf("%w: %q", ErrNamespaceNotFound, name)}
+		return OpResult{Err: &NamespaceError{Name: name, Err: ErrNamespaceNotFound}}
 	}
 	a.foldHot()
 	start, end := storage.NamespaceRecordsRange(ns.ID)

@@ -88,7 +88,7 @@ func (f *FSM) Check(nsName string, ids [][]byte, nowMs int64) ([]ItemResult, err
 		ns := f.st.namespaces[nsName]
 		if ns == nil {
 			f.mu.RUnlock()
-			return nil, fmt.Errorf("%w: %q", ErrNamespaceNotFound, nsName)
+			return nil, &NamespaceError{Name: nsName, Err: ErrNamespaceNotFound}
 		}
 		hkey = bloom.HashKey(hkey[:0], ns.ID, id)
 		sc.probe.Reset(hkey)

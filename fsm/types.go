@@ -206,6 +206,26 @@ func MakeFence(epoch, index uint64) uint64 { return epoch<<FenceIndexBits | inde
 // FenceEpochOf returns the epoch a fencing token was granted in.
 func FenceEpochOf(fence uint64) uint64 { return fence >> FenceIndexBits }
 
+// NamespaceError is an error about one named namespace (not found, already
+// exists); it wraps the sentinel, so errors.Is(err, ErrNamespaceNotFound)
+// holds, and carries the name so that no layer parses it out of the text.
+type NamespaceError struct {
+	Name string
+	Err  error // ErrNamespaceNotFound or ErrNamespaceExists
+}
+
+func (e *NamespaceError) Error() string {
+	switch e.Err {
+	case ErrNamespaceNotFound:
+		return fmt.Sprintf("namespace %q not found", e.Name)
+	case ErrNamespaceExists:
+		return fmt.Sprintf("namespace %q already exists", e.Name)
+	}
+	return fmt.Sprintf("namespace %q: %v", e.Name, e.Err)
+}
+
+func (e *NamespaceError) Unwrap() error { return e.Err }
+
 // ApplyErr is returned by FSM.Apply when a log entry cannot be decoded; the
 // entry is skipped on every replica alike.
 type ApplyErr struct{ Err error }

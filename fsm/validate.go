@@ -20,6 +20,11 @@ const DefaultMaxBatch = 10_000
 type InvalidError struct {
 	Field  string // e.g. "items[3].id"
 	Reason string
+	// MaxMs is the upper limit a TTL or lease (ttl_ms, lease_ms) broke,
+	// and Namespace the namespace whose max TTL it is ("" for the largest
+	// any namespace can have); zero for other fields.
+	MaxMs     int64
+	Namespace string
 }
 
 func (e *InvalidError) Error() string { return e.Field + ": " + e.Reason }
@@ -62,11 +67,15 @@ func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
 	switch op.Kind {
 	case OpMark, OpCommit:
 		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
-			return invalid("ttl_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns))
+			e := invalid("ttl_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns)).(*InvalidError)
+			e.MaxMs, e.Namespace = ns.MaxTTLMs, ns.Name
+			return e
 		}
 	case OpClaim, OpRenew:
 		if op.DurationMs < 0 || op.DurationMs > ns.MaxTTLMs {
-			return invalid("lease_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns))
+			e := invalid("lease_ms", "%d ms is outside 0 (namespace default) .. %d ms (%s)", op.DurationMs, ns.MaxTTLMs, maxTTLOf(ns)).(*InvalidError)
+			e.MaxMs, e.Namespace = ns.MaxTTLMs, ns.Name
+			return e
 		}
 	default:
 		if op.DurationMs != 0 {

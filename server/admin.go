@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 
 	"google.golang.org/grpc"
 
@@ -138,7 +137,7 @@ func (s *Server) UpdateNamespace(ctx context.Context, req *dedupv1.UpdateNamespa
 	err = s.onLeader(ctx, func(ctx context.Context) error {
 		cur, ok := s.node.FSM().Namespace(upd.Name)
 		if !ok {
-			return fmt.Errorf("namespace %q: %w", upd.Name, fsm.ErrNamespaceNotFound)
+			return &fsm.NamespaceError{Name: upd.Name, Err: fsm.ErrNamespaceNotFound}
 		}
 		if upd.BucketWidthMs != 0 && upd.BucketWidthMs != cur.BucketWidthMs {
 			return invalidf("bucket_width_ms", "cannot change (is %d ms)", cur.BucketWidthMs)
@@ -177,7 +176,7 @@ func (s *Server) DescribeNamespace(ctx context.Context, req *dedupv1.DescribeNam
 	}
 	ns, ok := s.node.FSM().Namespace(name)
 	if !ok {
-		return nil, toStatus(fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound))
+		return nil, toStatus(&fsm.NamespaceError{Name: name, Err: fsm.ErrNamespaceNotFound})
 	}
 	return &dedupv1.NamespaceResponse{Namespace: namespaceToPB(ns)}, nil
 }

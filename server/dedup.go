@@ -40,7 +40,7 @@ func (s *Server) prepare(op fsm.Op) ([]fsm.Op, bool, error) {
 	created := false
 	if !ok {
 		if !s.cfg.AutoCreateNamespaces {
-			return nil, false, fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound)
+			return nil, false, &fsm.NamespaceError{Name: name, Err: fsm.ErrNamespaceNotFound}
 		}
 		ns, created = fsm.DefaultNamespaceConfig(name), true
 	}
@@ -278,16 +278,16 @@ func (s *Server) Forget(ctx context.Context, req *dedupv1.ForgetRequest) (*dedup
 // this node's state as it is.
 func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1.CheckResponse, error) {
 	if err := s.validateCheck(req, nil); err != nil {
-		return nil, toStatus(err)
+		return nil, toReadStatus(err)
 	}
 	switch req.Consistency {
 	case dedupv1.Consistency_CONSISTENCY_STALE:
 	case dedupv1.Consistency_CONSISTENCY_UNSPECIFIED, dedupv1.Consistency_CONSISTENCY_LINEARIZABLE:
 		if err := s.linearize(ctx); err != nil {
-			return nil, toStatus(err)
+			return nil, toReadStatus(err)
 		}
 	default:
-		return nil, toStatus(invalidf("consistency", "unknown value %d", req.Consistency))
+		return nil, toReadStatus(invalidf("consistency", "unknown value %d", req.Consistency))
 	}
 	f := s.node.FSM()
 	name := req.Namespace
@@ -305,7 +305,7 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 			}
 			return resp, nil
 		}
-		return nil, toStatus(fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound))
+		return nil, toStatus(&fsm.NamespaceError{Name: name, Err: fsm.ErrNamespaceNotFound})
 	}
 	if err := s.validateCheck(req, &ns); err != nil {
 		return nil, toStatus(err)

@@ -4,39 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
 )
 
-// ErrorDomain is the ErrorInfo domain of dedupnode's gRPC errors.
-const ErrorDomain = "dedupnode"
-
-// ErrorInfo reasons attached to UNAVAILABLE errors. Clients use them to tell
-// "nothing was written, try the leader" from "outcome unknown".
+// The error vocabulary (domain, reasons, metadata keys) lives in dedupv1,
+// shared with the client and the tools; these are the server's names for it.
 const (
-	// ReasonNotLeader: the node is not the leader (or the leader is still
-	// starting its term) and nothing was written. Metadata may name the
-	// leader (leader_id, leader_grpc_addr). Retry is safe.
-	ReasonNotLeader = "NOT_LEADER"
-	// ReasonOutcomeUnknown: the write reached the log but leadership was
-	// lost before it was known to commit. Retry with the same request
-	// token: the retry returns the original answer.
-	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
-	// ReasonShuttingDown: the node is stopping; nothing was written.
-	ReasonShuttingDown = "SHUTTING_DOWN"
-	// ReasonLagging: this node could not apply the log up to the read
-	// index in time (it is cut off from the leader or far behind). Retry
-	// the read on another node.
-	ReasonLagging = "NODE_LAGGING"
-	// ReasonBusy: the leader could not hand the write to Raft in time
-	// (its disk is behind); nothing was written. Retry after a pause.
-	ReasonBusy = "LEADER_BUSY"
+	ErrorDomain          = dedupv1.ErrorDomain
+	ReasonNotLeader      = dedupv1.ReasonNotLeader
+	ReasonOutcomeUnknown = dedupv1.ReasonOutcomeUnknown
+	ReasonShuttingDown   = dedupv1.ReasonShuttingDown
+	ReasonLagging        = dedupv1.ReasonLagging
+	ReasonBusy           = dedupv1.ReasonBusy
 )
 
 // errLagging: a linearizable read waited too long for the local apply.
@@ -48,30 +36,41 @@ type errorRule struct {
 	target error
 	code   codes.Code
 	reason string // ErrorInfo reason, "" for none
-	advice string // appended to the message
+	advice string // appended to the message of a write's error
+	// readAdvice replaces advice for reads (Check), which have no request
+	// token and write nothing; "" keeps advice.
+	readAdvice string
 }
 
 // errorTable is THE mapping of internal errors to gRPC codes.
 var errorTable = []errorRule{
-	{fsm.ErrInvalidArgument, codes.InvalidArgument, "", "nothing was applied"},
-	{fsm.ErrNamespaceNotFound, codes.NotFound, "", "create it first (dedupnode namespace create)"},
-	{fsm.ErrNamespaceExists, codes.AlreadyExists, "", ""},
-	{fsm.ErrNodeNotFound, codes.NotFound, "", ""},
-	{cluster.ErrOutcomeUnknown, codes.Unavailable, ReasonOutcomeUnknown, "retry is safe with the same request token"},
-	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token"},
-	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token"},
-	{cluster.ErrBusy, codes.Unavailable, ReasonBusy, "nothing was written; retry after a pause (the request token makes it safe)"},
-	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node"},
-	{fsm.ErrClosed, codes.Unavailable, ReasonShuttingDown, "node is shutting down; ask another node"},
-	{fsm.ErrRestoring, codes.Unavailable, ReasonLagging, "node is installing a snapshot from the leader; retry in a moment or ask another node"},
-	{errLagging, codes.Unavailable, ReasonLagging, "retry the read on another node"},
-	{context.DeadlineExceeded, codes.DeadlineExceeded, "", "the write may still commit; retry with the same request token"},
-	{context.Canceled, codes.Canceled, "", ""},
+	{fsm.ErrInvalidArgument, codes.InvalidArgument, dedupv1.ReasonInvalidArgument, "nothing was applied", "fix the request"},
+	{fsm.ErrNamespaceNotFound, codes.NotFound, dedupv1.ReasonNamespaceNotFound, "create it first (dedupnode namespace create)", ""},
+	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
+	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
+	// ErrOutcomeUnknown's own text says "retry with the same request token".
+	{cluster.ErrOutcomeUnknown, codes.Unavailable, ReasonOutcomeUnknown, "", ""},
+	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token", "no leader reachable right now; retry the read"},
+	{cluster.ErrNotReady, codes.Unavailable, ReasonNotLeader, "leader is starting its term; nothing was written, retry is safe with the same request token", "leader is starting its term; retry the read"},
+	{cluster.ErrBusy, codes.Unavailable, ReasonBusy, "nothing was written; retry after a pause (the request token makes it safe)", "retry the read after a pause"},
+	{cluster.ErrShutdown, codes.Unavailable, ReasonShuttingDown, "node is shutting down; nothing was written, retry is safe with the same request token on another node", "node is shutting down; ask another node"},
+	{fsm.ErrClosed, codes.Unavailable, ReasonShuttingDown, "node is shutting down; ask another node", ""},
+	{fsm.ErrRestoring, codes.Unavailable, ReasonLagging, "node is installing a snapshot from the leader; retry in a moment or ask another node", ""},
+	{errLagging, codes.Unavailable, ReasonLagging, "retry the read on another node", ""},
+	{context.DeadlineExceeded, codes.DeadlineExceeded, dedupv1.ReasonWriteTimeout, "outcome unknown; retry with the same request token", "retry the read"},
+	{context.Canceled, codes.Canceled, "", "", ""},
 }
 
-// toStatus turns err into a gRPC status error. Status errors (e.g. from a
-// forwarded call) pass through unchanged; unknown errors become Internal.
-func toStatus(err error) error {
+// toStatus turns a write's (or an admin call's) err into a gRPC status
+// error. Status errors (e.g. from a forwarded call) pass through unchanged;
+// unknown errors become Internal.
+func toStatus(err error) error { return statusOf(err, false) }
+
+// toReadStatus is toStatus for reads: their advice says nothing of request
+// tokens or of what was written.
+func toReadStatus(err error) error { return statusOf(err, true) }
+
+func statusOf(err error, read bool) error {
 	if err == nil {
 		return nil
 	}
@@ -83,16 +82,33 @@ func toStatus(err error) error {
 			continue
 		}
 		msg := err.Error()
-		if r.advice != "" {
-			msg += "; " + r.advice
+		advice := r.advice
+		if read && r.readAdvice != "" {
+			advice = r.readAdvice
+		}
+		if advice != "" {
+			msg += "; " + advice
 		}
 		st := status.New(r.code, msg)
 		var details []protoadapt.MessageV1
 		if r.reason != "" {
-			info := &errdetails.ErrorInfo{Reason: r.reason, Domain: ErrorDomain}
+			info := &errdetails.ErrorInfo{Reason: r.reason, Domain: ErrorDomain,
+				Metadata: map[string]string{dedupv1.MetaMessage: err.Error()}}
 			var nl *cluster.NotLeaderError
 			if errors.As(err, &nl) && nl.LeaderID != "" {
-				info.Metadata = map[string]string{"leader_id": nl.LeaderID, "leader_grpc_addr": nl.LeaderGRPCAddr}
+				info.Metadata[dedupv1.MetaLeaderID] = nl.LeaderID
+				info.Metadata[dedupv1.MetaLeaderGRPCAddr] = nl.LeaderGRPCAddr
+			}
+			var nse *fsm.NamespaceError
+			if errors.As(err, &nse) {
+				info.Metadata[dedupv1.MetaNamespace] = nse.Name
+			}
+			var inv *fsm.InvalidError
+			if errors.As(err, &inv) && inv.MaxMs > 0 {
+				info.Metadata[dedupv1.MetaMaxMs] = strconv.FormatInt(inv.MaxMs, 10)
+				if inv.Namespace != "" {
+					info.Metadata[dedupv1.MetaNamespace] = inv.Namespace
+				}
 			}
 			details = append(details, info)
 		}

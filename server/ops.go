@@ -196,7 +196,7 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 	f := s.node.FSM()
 	ns, ok := f.Namespace(name)
 	if !ok {
-		return toStatus(fmt.Errorf("namespace %q: %w", name, fsm.ErrNamespaceNotFound))
+		return toStatus(&fsm.NamespaceError{Name: name, Err: fsm.ErrNamespaceNotFound})
 	}
 	snap, err := f.Snapshot()
 	if err != nil {

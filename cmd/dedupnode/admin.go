@@ -27,7 +27,7 @@ func firstStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, err
 		if err == nil {
 			return st, nil
 		}
-		if tlsHint(err, f) != "" {
+		if !client.Heals(err) {
 			return client.Status{}, explain(err, f, "")
 		}
 	}
@@ -110,6 +110,11 @@ func waitStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, erro
 	)
 	for {
 		st, lastErr = c.StatusOf(ctx, addr)
+		if lastErr != nil && !client.Heals(lastErr) {
+			// Bad credentials, a TLS mismatch, a wrong port: waiting
+			// does not heal them.
+			return client.Status{}, explain(lastErr, f, "")
+		}
 		if lastErr == nil && st.LeaderID != "" {
 			if !known {
 				ls := st

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -102,8 +103,8 @@ func newBenchCmd() *cobra.Command {
 				err = perr
 			}
 			if err != nil {
-				if strings.Contains(err.Error(), "unknown workload") || strings.Contains(err.Error(), "cannot be coalesced") || strings.Contains(err.Error(), "unknown consistency") ||
-					strings.Contains(err.Error(), "unknown target") || strings.Contains(err.Error(), "duplicate ratio") {
+				var ce *bench.ConfigError
+				if errors.As(err, &ce) {
 					return usagef("%v", err)
 				}
 				return err

@@ -1,11 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,12 +12,9 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/spf13/cobra"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 const defaultAddr = "127.0.0.1:7070"
@@ -43,17 +39,15 @@ type clientFlags struct {
 // enough that a stopped cluster or a wrong --addr fails in seconds.
 const refusedGrace = 3 * time.Second
 
-// retryIf is the CLI's retry policy on top of the client's: TLS mismatches
-// are not retried (they do not heal), and refused connections only for
-// refusedGrace unless a node has answered before (then the cluster is
-// failing over and retries run until --timeout).
+// retryIf is the CLI's retry policy on top of the client's (which already
+// stops on errors waiting does not heal: TLS mismatches, bad tokens, wrong
+// ports): refused connections are retried only for refusedGrace unless a
+// node has answered before (then the cluster is failing over and retries
+// run until --timeout).
 func (f *clientFlags) retryIf(err error) bool {
-	if tlsHint(err, f) != "" {
-		return false
-	}
-	if !refused(err) {
-		if nodeAnswered(err) {
-			f.answered.Store(true)
+	if !errors.Is(err, client.ErrRefused) {
+		if e := client.AsError(err); e.Reason != "" {
+			f.answered.Store(true) // a node's own error: the cluster is there
 		}
 		return true
 	}
@@ -65,66 +59,24 @@ func (f *clientFlags) retryIf(err error) bool {
 	return time.Duration(now-f.refusedSince.Load()) < refusedGrace
 }
 
-// grpcStatus returns the innermost gRPC status in err's chain (the one the
-// node or the transport produced, without the client's wrapping text).
-func grpcStatus(err error) (*status.Status, bool) {
-	var se interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &se) {
-		return se.GRPCStatus(), true
-	}
-	return status.FromError(err)
-}
-
-// refused: nothing listens at the address (or its name does not resolve).
-func refused(err error) bool {
-	st, _ := grpcStatus(err)
-	m := st.Message()
-	return st.Code() == codes.Unavailable && (strings.Contains(m, "connection refused") || strings.Contains(m, "no such host"))
-}
-
-// nodeAnswered: err came from a node (a dedupnode error), not from the
-// transport (refused, reset, timed out).
-func nodeAnswered(err error) bool {
-	st, _ := grpcStatus(err)
-	switch st.Code() {
-	case codes.DeadlineExceeded, codes.Canceled:
-		return false
-	case codes.Unavailable:
-		for _, d := range st.Details() {
-			if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == "dedupnode" {
-				return true
-			}
-		}
-		return false
-	}
-	return true
-}
-
-// tlsHint says what to do about a TLS error or a TLS/plaintext mismatch
-// between the CLI and the node, "" for other errors.
-func tlsHint(err error, f *clientFlags) string {
-	st, _ := grpcStatus(err)
-	if st.Code() != codes.Unavailable {
+// tlsHint says what to do about a TLS mismatch between the CLI and the
+// node, "" for other errors.
+func tlsHint(err error) string {
+	switch client.TLSProblem(err) {
+	case "":
 		return ""
-	}
-	m := st.Message()
-	switch {
-	case strings.Contains(m, "tls: certificate required"):
-		return "the node requires a client certificate: pass --tls-cert and --tls-key (signed by the cluster's client CA)"
-	case strings.Contains(m, "remote error: tls: unknown certificate authority"), strings.Contains(m, "remote error: tls: bad certificate"):
-		return "the node refuses this client certificate: pass --tls-cert/--tls-key signed by the cluster's client CA"
-	case strings.Contains(m, "x509:"):
-		return "the node's certificate does not verify against --tls-ca: pass the CA that signed the nodes' certificates"
-	case strings.Contains(m, "first record does not look like a TLS handshake"):
-		return "the node speaks plaintext: drop --tls-ca, --tls-cert and --tls-key (and the DEDUPNODE_TLS_* variables)"
-	case strings.Contains(m, "looked like an HTTP/1.1 header"):
-		return "this address serves HTTP/1.1, not gRPC (an admin HTTP port?): pass a node's gRPC address"
-	case f.tlsCA == "" && (strings.Contains(m, "error reading server preface") || strings.Contains(m, "connection closed before server preface received")):
+	case client.TLSNodeSpeaksTLS:
 		return "the node speaks TLS: pass --tls-ca (and --tls-cert/--tls-key for mutual TLS)"
-	case strings.Contains(m, "tls:") || strings.Contains(m, "authentication handshake failed"):
-		return "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"
+	case client.TLSNodeSpeaksPlaintext:
+		return "the node speaks plaintext: drop --tls-ca, --tls-cert and --tls-key (and the DEDUPNODE_TLS_* variables)"
+	case client.TLSUnknownAuthority:
+		return "the node's certificate does not verify against --tls-ca: pass the CA that signed the nodes' certificates"
+	case client.TLSClientCertRequired:
+		return "the node requires a client certificate: pass --tls-cert and --tls-key (signed by the cluster's client CA)"
+	case client.TLSClientCertRefused:
+		return "the node refuses this client certificate: pass --tls-cert/--tls-key signed by the cluster's client CA"
 	}
-	return ""
+	return "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"
 }
 
 // clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
@@ -210,7 +162,8 @@ func (f *clientFlags) withTimeout(ctx context.Context) (context.Context, context
 
 // explain turns a client error into an operational error: one short line
 // saying what happened (the node's own message, without the client's and
-// gRPC's wrapping) and a hint saying what to do.
+// gRPC's wrapping) and a hint saying what to do. It reads the client's
+// typed error, never the text.
 func explain(err error, f *clientFlags, namespace string) error {
 	if err == nil {
 		return nil
@@ -219,163 +172,86 @@ func explain(err error, f *clientFlags, namespace string) error {
 	if errors.As(err, &ue) {
 		return err
 	}
-	st, _ := grpcStatus(err)
-	msg := cleanMessage(err)
+	e := client.AsError(err)
+	msg := e.Message
 	addrs := strings.Join(f.addrs, ",")
+	statusHint := fmt.Sprintf("see 'dedupnode status --addr %s'", addrs)
 	switch {
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrOutcomeUnknown):
 		return &opError{err: errors.New("interrupted"), hint: "nothing more was sent; re-run to finish (writes already sent are safe to repeat)"}
-	case errors.Is(err, context.DeadlineExceeded) && st.Code() != codes.Unavailable:
+	case errors.Is(err, client.ErrOutcomeUnknown):
+		where := ""
+		if e.LastLeader != "" {
+			where = fmt.Sprintf(" (last known leader %s)", e.LastLeader)
+		}
+		return &opError{err: fmt.Errorf("outcome unknown; retry with the same request token: the write may or may not have been applied%s: %s", where, msg),
+			hint: "re-run the same command once the cluster has a leader (" + statusHint + "): IDs it applied then answer duplicate"}
+	case errors.Is(err, context.DeadlineExceeded) && e.Kind == nil:
 		e := fmt.Errorf("no answer within --timeout %s", f.timeout)
-		if msg != context.DeadlineExceeded.Error() && !strings.HasSuffix(msg, ": "+context.DeadlineExceeded.Error()) {
+		if msg != "" && msg != context.DeadlineExceeded.Error() {
 			e = fmt.Errorf("no answer within --timeout %s (%s)", f.timeout, msg)
 		}
 		return &opError{err: e, hint: fmt.Sprintf("check that a majority of nodes is up with 'dedupnode status --addr %s', or raise --timeout", addrs)}
 	}
-	switch st.Code() {
-	case codes.Unauthenticated:
-		what := msg
-		switch {
-		case strings.HasPrefix(msg, "missing token"):
+	switch e.Kind {
+	case client.ErrUnauthenticated:
+		what := "the token is not accepted: " + msg
+		if f.token == "" {
 			what = "the cluster requires a token and none was given"
-		case strings.HasPrefix(msg, "invalid token"):
-			what = "the token is not in the cluster's auth file"
 		}
 		return &opError{err: fmt.Errorf("not authenticated: %s", what), hint: "pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"}
-	case codes.PermissionDenied:
+	case client.ErrPermissionDenied:
 		return &opError{err: fmt.Errorf("permission denied: %s", msg), hint: "use a token with that right, or ask an admin to grant it in the auth file"}
-	case codes.Unavailable:
-		if h := tlsHint(err, f); h != "" {
-			return &opError{err: fmt.Errorf("cannot connect to %s: %s", addrs, msg), hint: h}
-		}
-		if refused(err) {
-			if a := dialedAddr(msg); a != "" && !addrIn(a, f.addrs) {
-				// --addr answered; the member it sent us (or the call) to,
-				// the leader as last known, did not.
-				return &opError{err: fmt.Errorf("the cluster's leader as last known, at %s, accepts no connections (%s); the node at %s is up but knows no other leader yet", a, lastPart(msg), addrs),
-					hint: fmt.Sprintf("electing a new leader needs a majority of the nodes up: start the stopped ones, and see 'dedupnode status --addr %s'", addrs)}
+	case client.ErrTLSMismatch:
+		return &opError{err: fmt.Errorf("cannot connect to %s: %s", e.Addr, msg), hint: tlsHint(err)}
+	case client.ErrNotGRPC:
+		return &opError{err: fmt.Errorf("%s is not a dedupnode gRPC port: %s", e.Addr, msg),
+			hint: "pass a node's gRPC address (serve --grpc-addr, 7070 for 'dedupnode dev'), not its Raft or HTTP port"}
+	case client.ErrRefused:
+		if e.Addr != "" && !slices.Contains(f.addrs, e.Addr) {
+			// --addr answered; the member it sent us to did not.
+			who := fmt.Sprintf("the member at %s, learned from the cluster,", e.Addr)
+			if e.Addr == e.LastLeader {
+				who = fmt.Sprintf("the last known leader, at %s,", e.Addr)
 			}
-			return &opError{err: fmt.Errorf("no node at %s accepts connections (%s)", addrs, lastPart(msg)),
-				hint: "start one (e.g. 'dedupnode dev') or pass --addr HOST:PORT of a running node"}
+			return &opError{err: fmt.Errorf("%s accepts no connections (%s); the node at %s is up but knows no other leader yet", who, msg, addrs),
+				hint: "electing a new leader needs a majority of the nodes up: start the stopped ones, and " + statusHint}
 		}
+		return &opError{err: fmt.Errorf("no node at %s accepts connections (%s)", addrs, msg),
+			hint: "check --addr (HOST:PORT of a running node's gRPC port), or start a cluster (e.g. 'dedupnode dev')"}
+	case client.ErrNotLeader, client.ErrUnavailable:
 		what := fmt.Sprintf("cluster at %s unavailable", addrs)
 		if errors.Is(err, context.DeadlineExceeded) {
 			what += " for --timeout " + f.timeout.String()
 		}
 		return &opError{err: fmt.Errorf("%s: %s", what, msg),
-			hint: "start nodes (e.g. 'dedupnode dev'), pass --addr HOST:PORT of a running node, or wait for a leader (see 'dedupnode status')"}
-	case codes.NotFound:
-		if m, ok := strings.CutSuffix(msg, ": "+fsm.ErrNamespaceNotFound.Error()); ok {
-			msg = m + " does not exist"
-			if namespace != "" {
-				return &opError{err: errors.New(msg),
-					hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' (list them with 'dedupnode namespace list')", namespace)}
-			}
+			hint: "a majority of the nodes must be up to elect a leader: start the stopped ones, or wait and " + statusHint}
+	case client.ErrNamespaceNotFound:
+		name := cmp.Or(e.Namespace, namespace)
+		m := fmt.Sprintf("namespace %q does not exist", name)
+		if name != "" {
+			return &opError{err: errors.New(m),
+				hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' (list them with 'dedupnode namespace list')", name)}
 		}
 		return &opError{err: errors.New(msg), hint: "check the name"}
-	case codes.InvalidArgument, codes.OutOfRange:
+	case client.ErrNodeNotFound:
+		return &opError{err: errors.New(msg), hint: "check the node ID (see 'dedupnode status')"}
+	case client.ErrInvalidArgument:
 		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "fix the input and retry"}
-	case codes.ResourceExhausted:
+	case client.ErrTooLarge:
 		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "send fewer IDs per request (--batch)"}
-	case codes.AlreadyExists:
+	case client.ErrNamespaceExists:
 		return &opError{err: errors.New(msg), hint: "use 'update' to change it, or pick another name"}
-	case codes.FailedPrecondition:
-		return &opError{err: errors.New(msg), hint: "see 'dedupnode status' for the cluster's state"}
-	case codes.Unimplemented:
+	case client.ErrUnsupported:
 		return &opError{err: fmt.Errorf("the node does not support this call: %s", msg), hint: "check that --addr points to a dedupnode gRPC port of the same version"}
 	}
+	if e.Code == codes.FailedPrecondition {
+		return &opError{err: errors.New(msg), hint: statusHint + " for the cluster's state"}
+	}
+	if msg == "" {
+		msg = err.Error()
+	}
 	return &opError{err: errors.New(msg), hint: "see 'dedupnode status' and the node logs"}
-}
-
-var (
-	// "dedupnode mark via 127.0.0.1:7070 (attempt 3, then context deadline
-	// exceeded): ", the client's wrapping.
-	clientPrefixRE = regexp.MustCompile(`dedupnode [a-z -]+ via \S+( \(attempt \d+(, then [^)]*)?\))?: `)
-	// "rpc error: code = Unavailable desc = ", gRPC's.
-	rpcPrefixRE = regexp.MustCompile(`rpc error: code = \w+ desc = `)
-	// `connection error: desc = "..."`, gRPC's transport wrapping.
-	connErrorRE = regexp.MustCompile(`connection error: desc = "(.*)"`)
-	// "dial tcp 127.0.0.1:7072: connect: connection refused": the address
-	// a failed connection was for.
-	dialRE = regexp.MustCompile(`dial tcp (\S+): `)
-)
-
-// addrIn reports whether the dialed address a (an IP and port) is one of
-// addrs, whose hosts may be names ("localhost:7070").
-func addrIn(a string, addrs []string) bool {
-	if slices.Contains(addrs, a) {
-		return true
-	}
-	ip, port, err := net.SplitHostPort(a)
-	if err != nil {
-		return true // cannot tell: assume it is
-	}
-	for _, x := range addrs {
-		h, p, err := net.SplitHostPort(x)
-		if err != nil || p != port {
-			continue
-		}
-		if h == "" || h == ip {
-			return true
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ips, err := net.DefaultResolver.LookupHost(ctx, h)
-		cancel()
-		if err != nil || slices.Contains(ips, ip) {
-			return true
-		}
-	}
-	return false
-}
-
-// dialedAddr is the address a failed dial in msg was for, "" if none.
-func dialedAddr(msg string) string {
-	if m := dialRE.FindStringSubmatch(msg); m != nil {
-		return m[1]
-	}
-	return ""
-}
-
-// serverAdvice are the what-to-do suffixes the server adds to its messages
-// (server/errors.go); explain gives its own hint instead.
-var serverAdvice = []string{
-	"; no leader reachable right now; nothing was written, retry is safe with the same request token",
-	"; leader is starting its term; nothing was written, retry is safe with the same request token",
-	"; node is shutting down; nothing was written, retry is safe with the same request token on another node",
-	"; the write may still commit; retry with the same request token",
-	"; retry is safe with the same request token",
-	"; retry the read on another node",
-	"; create it first (dedupnode namespace create)",
-	"; nothing was applied",
-}
-
-// cleanMessage is err's text without the client's and gRPC's wrapping and
-// without the server's advice: what happened, in the node's words.
-func cleanMessage(err error) string {
-	s := err.Error()
-	s = clientPrefixRE.ReplaceAllString(s, "")
-	s = rpcPrefixRE.ReplaceAllString(s, "")
-	s = connErrorRE.ReplaceAllString(s, "$1")
-	s = strings.ReplaceAll(s, `\"`, `"`)
-	for _, noise := range []string{"transport: ", "authentication handshake failed: ", "Error while dialing: "} {
-		s = strings.ReplaceAll(s, noise, "")
-	}
-	for _, a := range serverAdvice {
-		s = strings.ReplaceAll(s, a, "")
-	}
-	if i := strings.Index(s, " (possibly because of "); i >= 0 { // crypto/x509's aside
-		s = s[:i]
-	}
-	return strings.TrimSpace(s)
-}
-
-// lastPart is the innermost cause of a "a: b: c" message ("connection
-// refused" of a failed dial).
-func lastPart(s string) string {
-	if i := strings.LastIndex(s, ": "); i >= 0 {
-		return s[i+2:]
-	}
-	return s
 }
 
 // ttlError rewords a TTL or lease out of its namespace's range in the terms
@@ -383,34 +259,23 @@ func lastPart(s string) string {
 // default (7d)". It returns nil when err is something else or the flag was
 // not given (the namespace default cannot be out of range).
 func ttlError(err error, cmd *cobra.Command) error {
-	st, _ := grpcStatus(err)
-	if st.Code() != codes.InvalidArgument {
+	e := client.AsError(err)
+	if e.Kind != client.ErrInvalidArgument || e.MaxMs == 0 {
 		return nil
 	}
-	m := ttlRangeRE.FindStringSubmatch(st.Message())
-	if m == nil {
-		return nil
-	}
-	flag := map[string]string{"ttl_ms": "ttl", "lease_ms": "lease"}[m[1]]
+	flag := map[string]string{"ttl_ms": "ttl", "lease_ms": "lease"}[e.Field]
 	fl := cmd.Flags().Lookup(flag)
-	if fl == nil || !fl.Changed {
+	if flag == "" || fl == nil || !fl.Changed {
 		return nil
 	}
-	maxMs, perr := strconv.ParseInt(m[2], 10, 64)
-	if perr != nil {
-		return nil
-	}
-	limit := fmtDuration(time.Duration(maxMs) * time.Millisecond)
-	if m[3] != "" {
-		return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), m[3], limit),
-			hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, m[3])}
+	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
+	if e.Namespace != "" {
+		return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), e.Namespace, limit),
+			hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, e.Namespace)}
 	}
 	return &opError{err: fmt.Errorf("--%s %s exceeds %s, the largest max TTL a namespace can have; nothing applied", flag, fl.Value.String(), limit),
 		hint: fmt.Sprintf("pass a shorter --%s", flag)}
 }
-
-// ttlRangeRE matches fsm.Validate's TTL and lease range errors.
-var ttlRangeRE = regexp.MustCompile(`^(ttl_ms|lease_ms): -?\d+ ms is outside 0 \(namespace default\) \.\. (\d+) ms \((?:max TTL of namespace "([^"]*)"|[^)]*)\)`)
 
 // durationValue is a pflag.Value for durations that also accepts a "d"
 // (24 h) unit, as in "7d" or "1d12h".

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
@@ -236,7 +237,7 @@ func runDev(e *env, f *devFlags) (err error) {
 		}
 		hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
 		switch {
-		case strings.Contains(first.Error(), "address already in use"):
+		case errors.Is(first, syscall.EADDRINUSE):
 		case f.dataDir != "":
 			hint = "is another 'dedupnode dev' using --data-dir " + f.dataDir + "? stop it or pick another --data-dir; else re-run with --log-level info to see why"
 		default:

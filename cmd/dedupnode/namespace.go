@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -239,9 +240,9 @@ creates namespaces with default settings on first use.`,
 	return cmd
 }
 
-func explainNS(err error, f *clientFlags, name string) error {
-	err = explain(err, f, "")
-	if oe, ok := err.(*opError); ok && name != "" && strings.Contains(oe.err.Error(), "does not exist") {
+func explainNS(err0 error, f *clientFlags, name string) error {
+	err := explain(err0, f, "")
+	if oe, ok := err.(*opError); ok && name != "" && errors.Is(err0, client.ErrNamespaceNotFound) {
 		oe.hint = "list namespaces with 'dedupnode namespace list' or create it with 'dedupnode namespace create " + name + "'"
 	}
 	return err

@@ -3,29 +3,39 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/dedupnode/dedupnode/client"
 )
 
-// A refused connection to an address the user did not give (the leader
-// the nodes at --addr pointed to) is not "no node at --addr".
+// A refused connection to an address the user did not give (a member the
+// nodes at --addr pointed to) is not "no node at --addr". The client's
+// typed error (from its own dial) says which address refused.
 func TestExplainRefusedLeaderIsNotRefusedAddr(t *testing.T) {
-	f := &clientFlags{addrs: []string{"127.0.0.1:7071"}}
-	leaderDown := status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7070: connect: connection refused"`)
-	msg := explain(leaderDown, f, "").Error()
-	if !strings.Contains(msg, "leader as last known, at 127.0.0.1:7070") || !strings.Contains(msg, "127.0.0.1:7071 is up") {
-		t.Errorf("leader refused: %q", msg)
+	dead := closedAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, []string{dead}, client.WithRetry(1, 0, 0))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, addrs := range [][]string{{"127.0.0.1:7070"}, {"localhost:7070"}} {
-		f := &clientFlags{addrs: addrs}
-		if msg := explain(leaderDown, f, "").Error(); !strings.HasPrefix(msg, "no node at "+addrs[0]+" accepts connections") {
-			t.Errorf("--addr %v refused: %q", addrs, msg)
-		}
+	defer c.Close()
+	_, err = c.Check(ctx, "default", [][]byte{[]byte("x")}, client.Linearizable)
+	if !errors.Is(err, client.ErrRefused) {
+		t.Fatalf("check at a closed port: %v, want ErrRefused", err)
+	}
+	f := &clientFlags{addrs: []string{"127.0.0.1:7071"}}
+	if msg := explain(err, f, "").Error(); !strings.Contains(msg, "the member at "+dead+", learned from the cluster, accepts no connections") || !strings.Contains(msg, "127.0.0.1:7071 is up") {
+		t.Errorf("member refused: %q", msg)
+	}
+	f = &clientFlags{addrs: []string{dead}}
+	if msg := explain(err, f, "").Error(); !strings.HasPrefix(msg, "no node at "+dead+" accepts connections") {
+		t.Errorf("--addr refused: %q", msg)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -538,25 +537,17 @@ import twice is harmless (the second run reports duplicates).`,
 // importTTLError rewords a TTL out of its namespace's range for import,
 // whose TTLs come from --ttl or from the lines; nil for other errors.
 func importTTLError(err error) error {
-	st, _ := grpcStatus(err)
-	if st.Code() != codes.InvalidArgument {
+	e := client.AsError(err)
+	if e.Kind != client.ErrInvalidArgument || e.Field != "ttl_ms" || e.MaxMs == 0 {
 		return nil
 	}
-	m := ttlRangeRE.FindStringSubmatch(st.Message())
-	if m == nil || m[1] != "ttl_ms" {
-		return nil
-	}
-	maxMs, perr := strconv.ParseInt(m[2], 10, 64)
-	if perr != nil {
-		return nil
-	}
-	limit := fmtDuration(time.Duration(maxMs) * time.Millisecond)
-	if m[3] == "" {
+	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
+	if e.Namespace == "" {
 		return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds %s, the largest max TTL a namespace can have; nothing of that request applied", limit),
 			hint: "pass a shorter --ttl, or shorten the lines' TTLs"}
 	}
-	return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds the max TTL of namespace %s (%s); nothing of that request applied", m[3], limit),
-		hint: fmt.Sprintf("pass a shorter --ttl, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", m[3])}
+	return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds the max TTL of namespace %s (%s); nothing of that request applied", e.Namespace, limit),
+		hint: fmt.Sprintf("pass a shorter --ttl, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", e.Namespace)}
 }
 
 // parseImportLine returns the ID and TTL of one import line (0: the

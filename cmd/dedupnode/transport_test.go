@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -108,30 +111,36 @@ func TestRefusedEverywhereFailsWithinSeconds(t *testing.T) {
 }
 
 // Errors are one short line in the node's words: no client or gRPC
-// wrapping, no hint twice.
+// wrapping, no hint twice. The node's error details (not its text) say
+// what happened.
 func TestExplainStripsWrappingAndDuplicateHints(t *testing.T) {
 	f := &clientFlags{addrs: []string{"127.0.0.1:7070"}, timeout: 15 * time.Second}
-	wrap := func(err error) error { // as the client wraps a non-retryable error
+	wrap := func(err error) error { // as a caller may wrap a client error
 		return fmt.Errorf("dedupnode mark via 127.0.0.1:7070: %w", err)
 	}
-	wrapRetried := func(err error) error { // and a retried one at the deadline
-		return fmt.Errorf("dedupnode mark via 127.0.0.1:7070 (attempt 3, then %w): %w", context.DeadlineExceeded, err)
+	withInfo := func(code codes.Code, msg, reason string, md map[string]string) error {
+		st, err := status.New(code, msg).WithDetails(&errdetails.ErrorInfo{Domain: dedupv1.ErrorDomain, Reason: reason, Metadata: md})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Err()
 	}
 	cases := []struct {
 		err       error
 		namespace string
 		want      string
 	}{
-		{status.Error(codes.NotFound, `namespace "orders": namespace not found; create it first (dedupnode namespace create)`), "orders",
+		{withInfo(codes.NotFound, `namespace "orders" not found; create it first (dedupnode namespace create)`, dedupv1.ReasonNamespaceNotFound,
+			map[string]string{dedupv1.MetaMessage: `namespace "orders" not found`, dedupv1.MetaNamespace: "orders"}), "",
 			`namespace "orders" does not exist; create it with 'dedupnode namespace create orders' (list them with 'dedupnode namespace list')`},
-		{wrap(status.Error(codes.InvalidArgument, "items[0].id: empty message ID; nothing was applied")), "",
+		{wrap(withInfo(codes.InvalidArgument, "items[0].id: empty message ID; nothing was applied", dedupv1.ReasonInvalidArgument,
+			map[string]string{dedupv1.MetaMessage: "items[0].id: empty message ID"})), "",
 			"request rejected, nothing applied: items[0].id: empty message ID; fix the input and retry"},
 		{wrap(status.Error(codes.Unauthenticated, `missing token: send metadata "authorization: Bearer <token>" (CLI: --token or DEDUPNODE_TOKEN)`)), "",
 			"not authenticated: the cluster requires a token and none was given; pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"},
-		{wrapRetried(status.Error(codes.Unavailable, "not the raft leader (no leader known); no leader reachable right now; nothing was written, retry is safe with the same request token")), "",
-			"cluster at 127.0.0.1:7070 unavailable for --timeout 15s: not the raft leader (no leader known); start nodes"},
-		{wrapRetried(status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7070: connect: connection refused"`)), "",
-			"no node at 127.0.0.1:7070 accepts connections (connection refused); start one"},
+		{fmt.Errorf("%w: %w", context.DeadlineExceeded, withInfo(codes.Unavailable, "not the raft leader (no leader known); no leader reachable right now; nothing was written, retry is safe with the same request token",
+			dedupv1.ReasonNotLeader, map[string]string{dedupv1.MetaMessage: "not the raft leader (no leader known)"})), "",
+			"cluster at 127.0.0.1:7070 unavailable for --timeout 15s: not the raft leader (no leader known); a majority"},
 	}
 	for _, tc := range cases {
 		err := explain(tc.err, f, tc.namespace)

@@ -1,0 +1,311 @@
+package client
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"syscall"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// Kinds of failure. Every error a call returns is an *Error whose Kind is
+// one of these (or nil for an error the client cannot classify); match them
+// with errors.Is. They are decoded from the gRPC status details the node
+// sends (dedupv1.ErrorDomain) and from what the client's own transport saw
+// (the dial and TLS handshake errors), never from an error's text.
+var (
+	// ErrNotLeader: the node asked is not the leader and knows of none
+	// (Error.LeaderAddr names one when it does). Nothing was written.
+	ErrNotLeader = errors.New("no leader reachable")
+	// ErrUnavailable: the cluster could not serve the call (no quorum, node
+	// shutting down, busy or lagging, connection lost on a read). For a
+	// write, nothing was written; see ErrOutcomeUnknown for the other case.
+	ErrUnavailable = errors.New("cluster unavailable")
+	// ErrOutcomeUnknown: a write may or may not have been applied (the
+	// leader was lost, or the connection broke, while it was in flight). A
+	// retry with the same request token returns the original answer.
+	ErrOutcomeUnknown = errors.New("outcome unknown; retry with the same request token")
+	// ErrRefused: nothing accepts connections at the address (or its name
+	// does not resolve). Nothing was sent.
+	ErrRefused = errors.New("connection refused")
+	// ErrTLSMismatch: TLS settings of the client and the node disagree
+	// (plaintext against TLS, an unknown CA, a missing or refused client
+	// certificate). Waiting does not heal it.
+	ErrTLSMismatch = errors.New("TLS mismatch")
+	// ErrNotGRPC: the address answers but is not a dedupnode gRPC port (a
+	// node's Raft port, an HTTP port).
+	ErrNotGRPC = errors.New("not a dedupnode gRPC port")
+	// ErrNamespaceNotFound: the namespace (Error.Namespace) does not exist.
+	ErrNamespaceNotFound = errors.New("namespace not found")
+	// ErrNamespaceExists: the namespace (Error.Namespace) already exists.
+	ErrNamespaceExists = errors.New("namespace already exists")
+	// ErrNodeNotFound: no member has the node ID.
+	ErrNodeNotFound = errors.New("node not found")
+	// ErrInvalidArgument: the request was rejected before anything was
+	// applied; Error.Field names the field.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrTooLarge: the request exceeds a limit (ResourceExhausted); nothing
+	// was applied.
+	ErrTooLarge = errors.New("request too large")
+	// ErrUnauthenticated: the cluster requires a token and got none, or an
+	// unknown one.
+	ErrUnauthenticated = errors.New("not authenticated")
+	// ErrPermissionDenied: the token lacks the right for the call.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrUnsupported: the node does not implement the call (Unimplemented).
+	ErrUnsupported = errors.New("call not supported by the node")
+)
+
+// Error is what a failed call returns. Kind classifies it (errors.Is(err,
+// client.ErrOutcomeUnknown) and so on); the other fields say where and what.
+// It wraps the last attempt's gRPC status error, so status.Code(err) works,
+// and the caller's context error when the context ended the call.
+type Error struct {
+	Op       string // "mark", "create namespace", ...
+	Addr     string // node of the last attempt
+	Attempts int
+	Kind     error // one of the Err* kinds, nil when unclassified
+	Code     codes.Code
+	Reason   string // the node's ErrorInfo reason, "" if none
+	// Message is what happened in the node's words, without the advice its
+	// status message appends (or the transport's cause).
+	Message string
+	// Field is the offending field of an invalid request ("items[2].id").
+	Field string
+	// Namespace is the namespace the error is about, when it names one.
+	Namespace string
+	// MaxMs is the limit a TTL or lease out of range broke, 0 if none.
+	MaxMs int64
+	// LeaderAddr is the leader a NOT_LEADER node named, "" if none.
+	LeaderAddr string
+	// LastLeader is the gRPC address of the node that last served this
+	// client as leader, "" if none did.
+	LastLeader string
+	// Cause is the typed transport error behind a TLS, refused or not-gRPC
+	// error (a *net.OpError, an x509 or tls error), nil otherwise.
+	Cause error
+
+	err    error // the last attempt's error (a gRPC status error)
+	ctxErr error // the caller's context error, if it ended the call
+}
+
+func (e *Error) Error() string {
+	s := "dedupnode " + e.Op
+	if e.Addr != "" {
+		s += " via " + e.Addr
+	}
+	switch {
+	case e.Attempts > 1 && e.ctxErr != nil:
+		s += fmt.Sprintf(" (attempt %d, then %v)", e.Attempts, e.ctxErr)
+	case e.Attempts > 1:
+		s += fmt.Sprintf(" (attempt %d)", e.Attempts)
+	case e.ctxErr != nil:
+		s += fmt.Sprintf(" (%v)", e.ctxErr)
+	}
+	s += ": "
+	if e.Kind == ErrOutcomeUnknown {
+		s += ErrOutcomeUnknown.Error() + ": "
+	}
+	if e.err != nil {
+		return s + e.err.Error()
+	}
+	return s + e.Message
+}
+
+// Unwrap returns the kind, the caller's context error and the last
+// attempt's error.
+func (e *Error) Unwrap() []error {
+	var out []error
+	for _, x := range []error{e.Kind, e.ctxErr, e.err, e.Cause} {
+		if x != nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// GRPCStatus is the last attempt's status (for status.Code and FromError).
+func (e *Error) GRPCStatus() *status.Status {
+	if st, ok := status.FromError(e.err); ok {
+		return st
+	}
+	if e.ctxErr != nil {
+		return status.FromContextError(e.ctxErr)
+	}
+	return status.New(codes.Unknown, e.Message)
+}
+
+// Heals reports whether waiting may help: false for errors that stay the
+// same however often the call is retried (bad credentials, TLS mismatch,
+// invalid input, a missing namespace, a wrong port).
+func Heals(err error) bool {
+	for _, k := range []error{ErrUnauthenticated, ErrPermissionDenied, ErrTLSMismatch, ErrNotGRPC,
+		ErrInvalidArgument, ErrTooLarge, ErrNamespaceNotFound, ErrNamespaceExists, ErrNodeNotFound, ErrUnsupported} {
+		if errors.Is(err, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// AsError returns err's *Error, decoding a bare gRPC status error (from a
+// generated client) into one when err is not from this package. It returns
+// nil for nil.
+func AsError(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	e = &Error{err: err}
+	decodeStatus(e, err)
+	return e
+}
+
+// decodeStatus fills e's kind and details from a node's status error.
+func decodeStatus(e *Error, err error) {
+	st, ok := status.FromError(err)
+	if !ok {
+		e.Message = err.Error()
+		return
+	}
+	e.Code = st.Code()
+	e.Message = st.Message()
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			if d.GetDomain() != dedupv1.ErrorDomain {
+				continue
+			}
+			e.Reason = d.GetReason()
+			md := d.GetMetadata()
+			if m := md[dedupv1.MetaMessage]; m != "" {
+				e.Message = m
+			}
+			e.LeaderAddr = md[dedupv1.MetaLeaderGRPCAddr]
+			e.Namespace = md[dedupv1.MetaNamespace]
+			if v, perr := strconv.ParseInt(md[dedupv1.MetaMaxMs], 10, 64); perr == nil {
+				e.MaxMs = v
+			}
+		case *errdetails.BadRequest:
+			if v := d.GetFieldViolations(); len(v) > 0 {
+				e.Field = v[0].GetField()
+			}
+		}
+	}
+	switch e.Reason {
+	case dedupv1.ReasonNotLeader:
+		e.Kind = ErrNotLeader
+		return
+	case dedupv1.ReasonOutcomeUnknown, dedupv1.ReasonWriteTimeout:
+		e.Kind = ErrOutcomeUnknown
+		return
+	case dedupv1.ReasonShuttingDown, dedupv1.ReasonBusy, dedupv1.ReasonLagging:
+		e.Kind = ErrUnavailable
+		return
+	case dedupv1.ReasonNamespaceNotFound:
+		e.Kind = ErrNamespaceNotFound
+		return
+	case dedupv1.ReasonNamespaceExists:
+		e.Kind = ErrNamespaceExists
+		return
+	case dedupv1.ReasonNodeNotFound:
+		e.Kind = ErrNodeNotFound
+		return
+	case dedupv1.ReasonInvalidArgument:
+		e.Kind = ErrInvalidArgument
+		return
+	}
+	switch e.Code {
+	case codes.InvalidArgument, codes.OutOfRange:
+		e.Kind = ErrInvalidArgument
+	case codes.ResourceExhausted:
+		e.Kind = ErrTooLarge
+	case codes.Unauthenticated:
+		e.Kind = ErrUnauthenticated
+	case codes.PermissionDenied:
+		e.Kind = ErrPermissionDenied
+	case codes.Unimplemented:
+		e.Kind = ErrUnsupported
+	case codes.Unavailable:
+		e.Kind = ErrUnavailable
+	}
+}
+
+// TLSProblem says what is wrong in a TLS mismatch, from the typed handshake
+// error: one of the TLSProblem* values, "" if err is no TLS mismatch.
+func TLSProblem(err error) string {
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != ErrTLSMismatch {
+		return ""
+	}
+	return tlsProblemOf(e.Cause)
+}
+
+// What a TLS mismatch is about (TLSProblem).
+const (
+	TLSNodeSpeaksTLS       = "node speaks TLS"             // client plaintext
+	TLSNodeSpeaksPlaintext = "node speaks plaintext"       // client TLS
+	TLSUnknownAuthority    = "node certificate unverified" // wrong --tls-ca
+	TLSClientCertRequired  = "client certificate required" // mutual TLS, none given
+	TLSClientCertRefused   = "client certificate refused"  // mutual TLS, wrong CA
+	TLSOther               = "TLS handshake failed"
+)
+
+// errNodeSpeaksTLS is the Cause of a plaintext client's mismatch.
+var errNodeSpeaksTLS = errors.New("the node answers a TLS handshake, not plaintext gRPC")
+
+// TLS alerts (RFC 8446 §6.2) a node sends about the client's certificate.
+const (
+	alertBadCertificate      = 42
+	alertUnknownCA           = 48
+	alertCertificateRequired = 116
+)
+
+func tlsProblemOf(cause error) string {
+	var rh tls.RecordHeaderError
+	var ua x509.UnknownAuthorityError
+	var ci x509.CertificateInvalidError
+	var he x509.HostnameError
+	var ve *tls.CertificateVerificationError
+	var alert tls.AlertError
+	switch {
+	case errors.Is(cause, errNodeSpeaksTLS):
+		return TLSNodeSpeaksTLS
+	case errors.As(cause, &rh):
+		return TLSNodeSpeaksPlaintext
+	case errors.As(cause, &ua), errors.As(cause, &ci), errors.As(cause, &he), errors.As(cause, &ve):
+		return TLSUnknownAuthority
+	case errors.As(cause, &alert):
+		switch alert {
+		case alertCertificateRequired:
+			return TLSClientCertRequired
+		case alertBadCertificate, alertUnknownCA:
+			return TLSClientCertRefused
+		}
+	}
+	return TLSOther
+}
+
+// isRefused: a dial failed because nothing listens or the name does not
+// resolve.
+func isRefused(err error) bool {
+	var dns *net.DNSError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dns) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// isEOF: the peer closed the connection.
+func isEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
