@@ -259,11 +259,17 @@ type target int
 const (
 	toLeader target = iota // writes and linearizable reads
 	toAny                  // stale reads, status: the current node
+	// toLeaderStream: a stream to the leader; it runs as long as it takes
+	// (no per-attempt timeout) and is not retried once it delivered data.
+	toLeaderStream
 )
 
 // pick returns the address for the next attempt: the leader when known and
 // wanted, else the current node of the rotation.
 func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, *link, error) {
+	if t == toLeaderStream {
+		t = toLeader
+	}
 	if t == toLeader && c.Leader() == "" {
 		c.discover(ctx)
 	}
@@ -407,10 +413,13 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 		}
 		before := l.state()
 		actx, cancel := c.attemptCtx(ctx)
+		if t == toLeaderStream {
+			actx, cancel = context.WithCancel(ctx)
+		}
 		err = fn(actx, cc)
 		cancel()
 		if err == nil {
-			if t == toLeader {
+			if t != toAny {
 				c.served(addr)
 			}
 			return nil
@@ -420,7 +429,7 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 		if write && maybeApplied {
 			uncertain = true
 		}
-		if !retryable(ctx, err) || !Heals(e) || (c.opts.retryIf != nil && !c.opts.retryIf(e)) {
+		if errors.Is(err, errPartial) || errors.Is(err, ErrBackupDamaged) || !retryable(ctx, err) || !Heals(e) || (c.opts.retryIf != nil && !c.opts.retryIf(e)) {
 			break
 		}
 		c.failed(addr)

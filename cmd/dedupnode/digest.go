@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/internal/replicacheck"
@@ -63,39 +62,29 @@ not answer, or no common applied index was seen within --timeout.`,
 			if interval <= 0 {
 				return usagef("--interval %v: want a positive duration", interval)
 			}
-			opts, err := f.grpcDialOptions()
-			if err != nil {
-				return err
-			}
 			st, err := firstStatus(e, cmd, f)
 			if err != nil {
 				return err
 			}
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			defer c.Close()
 			var nodes []string
 			addrs := map[string]string{}
-			conns := map[string]dedupv1.OpsClient{}
 			for _, m := range st.Members {
 				nodes = append(nodes, m.ID)
 				addrs[m.ID] = m.GRPCAddr
-				if m.GRPCAddr == "" {
-					continue
-				}
-				cc, err := grpc.NewClient(m.GRPCAddr, opts...)
-				if err != nil {
-					return usagef("member %s at %q: %v", m.ID, m.GRPCAddr, err)
-				}
-				defer cc.Close()
-				conns[m.ID] = dedupv1.NewOpsClient(cc)
 			}
 			if len(nodes) == 0 {
 				return &opError{err: errors.New("the cluster lists no members")}
 			}
 			ask := func(ctx context.Context, node string) (*dedupv1.DigestResponse, error) {
-				c := conns[node]
-				if c == nil {
+				if addrs[node] == "" {
 					return nil, errors.New("no gRPC address known for this member")
 				}
-				r, err := c.Digest(ctx, &dedupv1.DigestRequest{})
+				r, err := c.DigestOf(ctx, addrs[node])
 				if err != nil {
 					// Explained with this member's address, not --addr's.
 					nf := &clientFlags{addrs: []string{addrs[node]}, timeout: f.timeout, output: f.output,

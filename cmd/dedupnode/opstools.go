@@ -2,9 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
-	"context"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -19,65 +16,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
-	"github.com/dedupnode/dedupnode/auth"
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/security"
 )
-
-// opsCall runs fn against the nodes of --addr in turn until one answers
-// with something other than Unavailable, over a raw gRPC connection with
-// the client flags' TLS and token. For the Ops service, which the client
-// package does not wrap.
-func (f *clientFlags) opsCall(ctx context.Context, cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
-	if err := f.validate(cmd); err != nil {
-		return err
-	}
-	opts, err := f.grpcDialOptions()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, a := range f.addrs {
-		cc, err := grpc.NewClient(a, opts...)
-		if err != nil {
-			return usagef("--addr %s: %v", a, err)
-		}
-		err = fn(ctx, cc)
-		cc.Close()
-		if status.Code(err) != codes.Unavailable {
-			return err
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", a, err))
-	}
-	return errors.Join(errs...)
-}
-
-// grpcDialOptions are the options for a raw gRPC connection with the
-// client flags' TLS and token.
-func (f *clientFlags) grpcDialOptions() ([]grpc.DialOption, error) {
-	creds := insecure.NewCredentials()
-	if f.tlsCA != "" {
-		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
-		if err != nil {
-			return nil, usagef("%v", err)
-		}
-		creds = credentials.NewTLS(cfg)
-	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
-	if f.token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(f.token)))
-	}
-	return opts, nil
-}
 
 // progressOut returns where to draw a progress bar: stderr when it is a
 // terminal and not turned off, else nowhere.
@@ -116,12 +58,14 @@ grows with it at once).`,
 		Example: strings.ReplaceAll(`  dedupnode promote --addr 127.0.0.1:7070 n4`, "dedupnode ", e.progName+" "),
 		Args:    cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, "")
+			}
+			defer c.Close()
 			ctx, cancel := f.withTimeout(e.ctx)
 			defer cancel()
-			err := f.opsCall(ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
-				_, err := dedupv1.NewOpsClient(cc).Promote(ctx, &dedupv1.PromoteRequest{NodeId: args[0]})
-				return err
-			})
+			err = c.Promote(ctx, args[0])
 			if err != nil {
 				return explain(err, f, "")
 			}
@@ -157,45 +101,22 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 			defer os.Remove(tmp.Name())
 			defer tmp.Close()
 			bar := newBar(progressOut(e, noProgress), -1, "backup", true)
-			var index, size int64
-			h := sha256.New()
-			var tail []byte // the last 32 bytes seen: the checksum
-			// No --timeout on the stream: a backup takes as long as it takes.
-			err = f.opsCall(e.ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
-				st, err := dedupv1.NewOpsClient(cc).Backup(ctx, &dedupv1.BackupRequest{})
-				if err != nil {
-					return err
-				}
-				for {
-					ch, err := st.Recv()
-					if errors.Is(err, io.EOF) {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					if size == 0 {
-						index = int64(ch.Index)
-					}
-					if _, err := tmp.Write(ch.Data); err != nil {
-						return err
-					}
-					size += int64(len(ch.Data))
-					tail = append(tail, ch.Data...)
-					if len(tail) > 32 {
-						h.Write(tail[:len(tail)-32])
-						tail = append(tail[:0], tail[len(tail)-32:]...)
-					}
-					bar.Add(len(ch.Data))
-				}
-			})
-			bar.Finish()
+			c, err := f.dial(e.ctx, cmd)
 			if err != nil {
 				return explain(err, f, "")
 			}
-			if len(tail) != 32 || !bytes.Equal(h.Sum(nil), tail) {
-				return &opError{err: errors.New("backup stream is damaged: checksum mismatch"), hint: "run the backup again"}
+			defer c.Close()
+			// No --timeout on the stream: a backup takes as long as it takes.
+			// The client verifies the stream's checksum.
+			info, err := c.Backup(e.ctx, io.MultiWriter(tmp, bar))
+			bar.Finish()
+			if errors.Is(err, client.ErrBackupDamaged) {
+				return &opError{err: err, hint: "run the backup again"}
 			}
+			if err != nil {
+				return explain(err, f, "")
+			}
+			index, size := info.Index, info.Bytes
 			if err := tmp.Sync(); err != nil {
 				return &opError{err: err}
 			}
@@ -316,35 +237,20 @@ admin right on the namespace when the cluster runs with tokens.`,
 			bw := bufio.NewWriterSize(w, 1<<20)
 			enc := json.NewEncoder(bw)
 			n := 0
-			err := f.opsCall(e.ctx, cmd, func(ctx context.Context, cc *grpc.ClientConn) error {
-				st, err := dedupv1.NewOpsClient(cc).Export(ctx, &dedupv1.ExportRequest{Namespace: namespace})
-				if err != nil {
-					return err
+			c, err := f.dial(e.ctx, cmd)
+			if err != nil {
+				return explain(err, f, namespace)
+			}
+			defer c.Close()
+			err = c.Export(e.ctx, namespace, func(r client.ExportedRecord) error {
+				l := exportLine{FirstSeenUnixMs: r.FirstSeen.UnixMilli(), ExpiresUnixMs: r.Expires.UnixMilli(), State: r.State.String()}
+				if utf8.Valid(r.ID) {
+					l.ID = string(r.ID)
+				} else {
+					l.IDB64 = base64.StdEncoding.EncodeToString(r.ID)
 				}
-				for {
-					ch, err := st.Recv()
-					if errors.Is(err, io.EOF) {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					for _, r := range ch.Records {
-						l := exportLine{FirstSeenUnixMs: r.FirstSeenUnixMs, ExpiresUnixMs: r.ExpiresUnixMs, State: "committed"}
-						if r.State == dedupv1.RecordState_RECORD_STATE_LEASED {
-							l.State = "leased"
-						}
-						if utf8.Valid(r.Id) {
-							l.ID = string(r.Id)
-						} else {
-							l.IDB64 = base64.StdEncoding.EncodeToString(r.Id)
-						}
-						if err := enc.Encode(&l); err != nil {
-							return err
-						}
-						n++
-					}
-				}
+				n++
+				return enc.Encode(&l)
 			})
 			if err != nil {
 				return explain(err, f, namespace)

@@ -1,0 +1,184 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// The operator calls of the dedup.v1.Ops service: promotion, backups,
+// export, state digests. The CLI and every tool reach them through here.
+
+// ErrBackupDamaged: a backup stream's trailing SHA-256 does not match its
+// content. Nothing a backup wrote to its writer may be used.
+var ErrBackupDamaged = errors.New("backup stream is damaged: checksum mismatch")
+
+// errPartial marks a stream that failed after it delivered data: retrying
+// it would repeat what the caller already received.
+var errPartial = errors.New("stream broke after delivering data")
+
+// Promote makes the non-voter nodeID a voter at once (the leader does it by
+// itself once the node has caught up). Errors: ErrNodeNotFound.
+func (c *Client) Promote(ctx context.Context, nodeID string) error {
+	return c.invoke(ctx, "promote", toLeader, func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, &dedupv1.PromoteRequest{NodeId: nodeID})
+		return err
+	})
+}
+
+// BackupInfo describes a backup written by Backup.
+type BackupInfo struct {
+	Index uint64 // Raft index the state is as of
+	Bytes int64  // bytes written, checksum included
+}
+
+// Backup streams a consistent snapshot of the whole cluster state (taken
+// after a linearizable read barrier: it holds every write acknowledged
+// before the call) to w, and verifies the SHA-256 the stream ends with.
+// The stream is retried while nothing has been written to w; a failure
+// after that, or ErrBackupDamaged, means w holds no usable backup. ctx
+// bounds the whole stream (a big backup takes as long as it takes: give it
+// no short deadline). cluster.SeedFromBackup restores what w received.
+func (c *Client) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
+	var info BackupInfo
+	err := c.stream(ctx, "backup", func(ctx context.Context, cc *grpc.ClientConn) error {
+		st, err := dedupv1.NewOpsClient(cc).Backup(ctx, &dedupv1.BackupRequest{})
+		if err != nil {
+			return err
+		}
+		v := newTailVerifier()
+		for {
+			ch, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				if !v.ok() {
+					return ErrBackupDamaged
+				}
+				return nil
+			}
+			if err != nil {
+				return partial(info.Bytes > 0, err)
+			}
+			if info.Bytes == 0 {
+				info.Index = ch.GetIndex()
+			}
+			if _, err := w.Write(ch.GetData()); err != nil {
+				return fmt.Errorf("%w: write backup: %w", errPartial, err)
+			}
+			v.write(ch.GetData())
+			info.Bytes += int64(len(ch.GetData()))
+		}
+	})
+	return info, err
+}
+
+// tailVerifier checks that a stream ends with the SHA-256 of what precedes
+// it, without knowing the length in advance.
+type tailVerifier struct {
+	h    hash.Hash
+	tail []byte // the last (up to) 32 bytes seen
+}
+
+func newTailVerifier() *tailVerifier { return &tailVerifier{h: sha256.New()} }
+
+func (v *tailVerifier) write(b []byte) {
+	v.tail = append(v.tail, b...)
+	if n := len(v.tail) - sha256.Size; n > 0 {
+		v.h.Write(v.tail[:n])
+		v.tail = append(v.tail[:0], v.tail[n:]...)
+	}
+}
+
+func (v *tailVerifier) ok() bool {
+	return len(v.tail) == sha256.Size && bytes.Equal(v.h.Sum(nil), v.tail)
+}
+
+// ExportedRecord is one live record of an export.
+type ExportedRecord struct {
+	ID        []byte
+	State     RecordState
+	FirstSeen time.Time
+	Expires   time.Time
+}
+
+// Export calls fn for every live ID of namespace (recorded, not expired,
+// not forgotten) as of a linearizable read barrier, in key order. An error
+// from fn stops the export and is returned. Needs the admin right on the
+// namespace when the cluster runs with tokens. Errors:
+// ErrNamespaceNotFound.
+func (c *Client) Export(ctx context.Context, namespace string, fn func(ExportedRecord) error) error {
+	return c.stream(ctx, "export", func(ctx context.Context, cc *grpc.ClientConn) error {
+		st, err := dedupv1.NewOpsClient(cc).Export(ctx, &dedupv1.ExportRequest{Namespace: namespace})
+		if err != nil {
+			return err
+		}
+		n := 0
+		for {
+			ch, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return partial(n > 0, err)
+			}
+			for _, r := range ch.GetRecords() {
+				rec := ExportedRecord{ID: r.GetId(), State: StateCommitted,
+					FirstSeen: time.UnixMilli(r.GetFirstSeenUnixMs()).UTC(), Expires: time.UnixMilli(r.GetExpiresUnixMs()).UTC()}
+				if r.GetState() == dedupv1.RecordState_RECORD_STATE_LEASED {
+					rec.State = StateLeased
+				}
+				if err := fn(rec); err != nil {
+					return fmt.Errorf("%w: %w", errPartial, err)
+				}
+				n++
+			}
+		}
+	})
+}
+
+// DigestOf asks the node at addr (host:port) for a SHA-256 digest of its
+// whole state and the applied index it covers, with a single attempt: no
+// retries, no redirection (a digest is about that replica).
+func (c *Client) DigestOf(ctx context.Context, addr string) (*dedupv1.DigestResponse, error) {
+	cc, err := c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	l := c.linkLocked(addr)
+	c.mu.Unlock()
+	before := l.state()
+	actx, cancel := c.attemptCtx(ctx)
+	defer cancel()
+	resp, err := dedupv1.NewOpsClient(cc).Digest(actx, &dedupv1.DigestRequest{})
+	if err != nil {
+		e, _ := c.classify("digest", addr, l, before, err)
+		if ctx.Err() != nil {
+			e.ctxErr = ctx.Err()
+		}
+		return nil, c.finish(e, 1, false)
+	}
+	return resp, nil
+}
+
+// stream runs a streaming call with invoke's retries, but no retry once
+// the stream delivered data to the caller (errPartial).
+func (c *Client) stream(ctx context.Context, op string, fn func(context.Context, *grpc.ClientConn) error) error {
+	return c.invoke(ctx, op, toLeaderStream, fn)
+}
+
+// partial marks err as a mid-stream failure when data was delivered.
+func partial(delivered bool, err error) error {
+	if delivered {
+		return fmt.Errorf("%w: %w", errPartial, err)
+	}
+	return err
+}
