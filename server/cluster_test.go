@@ -221,7 +221,7 @@ func TestWritesWithoutQuorum_FailFastUnavailable(t *testing.T) {
 	if elapsed >= deadline {
 		t.Fatalf("failed after %v, not before the %v deadline", elapsed, deadline)
 	}
-	wantStatus(t, err, codes.Unavailable, "retry is safe")
+	wantStatus(t, err, codes.Unavailable, "retry with the same request token")
 	// Linearizable reads fail too rather than answer from a lone node.
 	rctx, rcancel := context.WithTimeout(context.Background(), deadline)
 	defer rcancel()
