@@ -16,20 +16,20 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/integrations/natsdedup"
 )
 
 // Config configures a demo run. Zero values take the defaults listed.
 type Config struct {
+	// Broker names the embedded broker the events go through: "nats"
+	// (NATS JetStream, the default), "kafka" or "rabbitmq"; see Brokers.
+	Broker string
 	// Messages is the number of unique events published (default 100 000).
 	Messages int
 	// Consumers is the number of consumer processes, each with its own
-	// NATS connection, dedupnode client and Batcher (default 4).
+	// broker connection, dedupnode client and Batcher (default 4).
 	Consumers int
 	// Workers is the number of messages each consumer handles at once
 	// (default 64).
@@ -44,7 +44,7 @@ type Config struct {
 	// consumers run: each leader leads for this long (counted from when
 	// the cluster is stable again), then dies. Needs the local cluster.
 	KillLeaderEvery time.Duration
-	// Dir holds the cluster's, NATS's and the ledger's data (default: a
+	// Dir holds the cluster's, the broker's and the ledger's data (default: a
 	// temporary folder removed at the end).
 	Dir string
 	// RetryRate is the share of events the producer publishes a second
@@ -55,15 +55,18 @@ type Config struct {
 	// once 60% of the events are out, as a share of Messages; default 0.05.
 	ReplayRate float64
 	// CrashRate is the chance that a delivery makes its consumer crash
-	// mid-message: its NATS and dedupnode connections drop, every message
+	// mid-message: its broker and dedupnode connections drop, every message
 	// it holds is abandoned (no ack, no release), and it restarts. Default
 	// 0.0005.
 	CrashRate float64
 	// StallRate is the chance that a delivery stalls its handler for 1.5 ×
-	// AckWait, so that JetStream redelivers it to another consumer while
-	// the claim is held. Default 0.001.
+	// AckWait, so that the broker redelivers it to another consumer while
+	// the claim is held (JetStream's AckWait; on Kafka, which has no such
+	// timer, the stall holds its partition back until a rebalance hands it
+	// to another consumer). Default 0.001.
 	StallRate float64
-	// AckWait is the JetStream consumer's ack wait (default 2 s).
+	// AckWait is the broker's ack wait where it has one (JetStream's
+	// consumer AckWait; default 2 s).
 	AckWait time.Duration
 	// Lease is the claim lease per message (default 5 s): a crashed
 	// consumer's messages are processed again once it has expired. It must
@@ -84,6 +87,9 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
+	if c.Broker == "" {
+		c.Broker = "nats"
+	}
 	if c.Messages <= 0 {
 		c.Messages = 100_000
 	}
@@ -137,6 +143,8 @@ type Check struct {
 // Summary is the outcome of a run.
 type Summary struct {
 	OK bool `json:"ok"`
+	// Broker names the broker the events went through.
+	Broker string `json:"broker"`
 	// Cluster describes the dedupnode cluster used.
 	Cluster   string `json:"cluster"`
 	Consumers int    `json:"consumers"`
@@ -177,8 +185,8 @@ type Summary struct {
 	ConsumerStalls  int64 `json:"consumer_stalls"`
 	LeaderKills     int64 `json:"leader_kills"`
 
-	// Seconds is the time from the first publish until JetStream had
-	// every message acknowledged; MessagesPerSecond is Published over it.
+	// Seconds is the time from the first publish until the broker had
+	// every message acknowledged (committed); MessagesPerSecond is Published over it.
 	// The last messages wait out crashed consumers' leases and AckWait, so
 	// the time to 99% shows the steady rate better.
 	Seconds               float64 `json:"seconds"`
@@ -200,7 +208,7 @@ type demoRun struct {
 	ns     string
 	addrs  []string
 	cl     *Cluster
-	nats   *NATS
+	broker Broker
 	ledger *Ledger
 
 	deliveries, redeliveries, duplicates, deferred, failures, unavailable, unconfirmed atomic.Int64
@@ -208,8 +216,6 @@ type demoRun struct {
 
 	mu     sync.Mutex
 	atRisk map[string]bool // IDs with a run whose commit was unconfirmed
-	acked  []bool          // by stream sequence, for the progress bar
-	ackedN int64
 }
 
 var errCrashed = errors.New("consumer crashed")
@@ -271,32 +277,8 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 		return sum, fmt.Errorf("create namespace %s: %w", r.ns, err)
 	}
 
-	// NATS JetStream.
-	if r.nats, err = StartNATS(filepath.Join(dir, "nats")); err != nil {
-		return sum, err
-	}
-	defer r.nats.Close()
-	nc, err := nats.Connect(r.nats.URL(), nats.Name("demo-producer"))
-	if err != nil {
-		return sum, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		return sum, err
-	}
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEMO", Subjects: []string{"demo.events"}, Storage: jetstream.MemoryStorage})
-	if err != nil {
-		return sum, fmt.Errorf("create stream: %w", err)
-	}
-	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.AckWait, MaxDeliver: -1,
-		MaxAckPending: cfg.Consumers * cfg.Workers * 4,
-	})
-	if err != nil {
-		return sum, fmt.Errorf("create consumer: %w", err)
-	}
-
+	// The broker: started once the plan says how much will be published.
+	sum.Broker = cfg.Broker
 	// The ledger.
 	if r.ledger, err = OpenLedger(filepath.Join(dir, "ledger"), r.log); err != nil {
 		return sum, err
@@ -330,7 +312,15 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 	sum.UniqueIDs, sum.ProducerRetries, sum.Replayed = cfg.Messages, len(retryDelay), replayN
 	sum.Published = cfg.Messages + len(retryDelay) + replayN
 	sum.Consumers, sum.Workers = cfg.Consumers, cfg.Workers
-	r.acked = make([]bool, sum.Published+1)
+
+	r.broker, err = OpenBroker(ctx, cfg.Broker, BrokerConfig{
+		Dir: filepath.Join(dir, "broker"), Consumers: cfg.Consumers, Workers: cfg.Workers,
+		AckWait: cfg.AckWait, Published: sum.Published, Logger: r.log,
+	})
+	if err != nil {
+		return sum, err
+	}
+	defer r.broker.Close()
 
 	// Consumers, then the leader killer, then the producer.
 	start := time.Now()
@@ -340,7 +330,7 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 		cwg.Add(1)
 		go func() {
 			defer cwg.Done()
-			r.consumer(cctx, i, cons.CachedInfo().Name)
+			r.consumer(cctx, i)
 		}()
 	}
 	defer func() {
@@ -399,17 +389,16 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 		pwg.Wait()
 	}()
 
-	if err := r.publish(ctx, js, events, retryDelay, replayFrom, replayN, replayAt); err != nil {
+	if err := r.publish(ctx, events, retryDelay, replayFrom, replayN, replayAt); err != nil {
 		return sum, err
 	}
 	r.log.Info("all published", "messages", sum.Published, "after", time.Since(start).Round(time.Millisecond), "acked", r.ackedCount())
 
-	// Wait until JetStream has every message acknowledged.
+	// Wait until the broker has every message acknowledged.
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		info, err := cons.Info(ctx)
-		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= uint64(sum.Published) {
+		if done, err := r.broker.Drained(ctx, sum.Published); err == nil && done {
 			break
 		}
 		select {
@@ -505,15 +494,11 @@ func (r *demoRun) newClient(ctx context.Context) (*client.Client, error) {
 	return client.New(dctx, r.addrs, client.WithTimeout(5*time.Second), client.WithRetry(100, 50*time.Millisecond, time.Second))
 }
 
-func (r *demoRun) ackedCount() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ackedN
-}
+func (r *demoRun) ackedCount() int64 { return r.broker.Acked() }
 
 // publish sends every event once in order, each planned producer retry
 // 1-3 s after its event, and the replay of an older range when 60% are out.
-func (r *demoRun) publish(ctx context.Context, js jetstream.JetStream, events []event, retryDelay map[int]time.Duration, replayFrom, replayN, replayAt int) error {
+func (r *demoRun) publish(ctx context.Context, events []event, retryDelay map[int]time.Duration, replayFrom, replayN, replayAt int) error {
 	type retry struct {
 		due time.Time
 		i   int
@@ -522,16 +507,8 @@ func (r *demoRun) publish(ctx context.Context, js jetstream.JetStream, events []
 	var failed atomic.Value
 	send := func(i int) {
 		b, _ := json.Marshal(events[i])
-		for {
-			_, err := js.PublishMsgAsync(&nats.Msg{Subject: "demo.events", Data: b})
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil {
-				failed.Store(err)
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // async window full or reconnecting
+		if err := r.broker.Publish(ctx, b); err != nil {
+			failed.Store(err)
 		}
 	}
 	var wg sync.WaitGroup
@@ -563,10 +540,8 @@ func (r *demoRun) publish(ctx context.Context, js jetstream.JetStream, events []
 	}
 	close(retries)
 	wg.Wait()
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return fmt.Errorf("publishing: %w", ctx.Err())
+	if err := r.broker.Flush(ctx); err != nil {
+		return fmt.Errorf("publishing: %w", err)
 	}
 	if err, _ := failed.Load().(error); err != nil {
 		return fmt.Errorf("publishing: %w", err)
@@ -575,9 +550,9 @@ func (r *demoRun) publish(ctx context.Context, js jetstream.JetStream, events []
 }
 
 // consumer runs one consumer process, restarting it after each crash.
-func (r *demoRun) consumer(ctx context.Context, idx int, durable string) {
+func (r *demoRun) consumer(ctx context.Context, idx int) {
 	for gen := 0; ctx.Err() == nil; gen++ {
-		if err := r.consumerInstance(ctx, idx, gen, durable); err != nil && ctx.Err() == nil {
+		if err := r.consumerInstance(ctx, idx, gen); err != nil && ctx.Err() == nil {
 			r.log.Warn("consumer stopped", "consumer", idx, "err", err)
 			select {
 			case <-ctx.Done():
@@ -589,22 +564,9 @@ func (r *demoRun) consumer(ctx context.Context, idx int, durable string) {
 
 // consumerInstance is one life of a consumer process: it runs until ctx
 // ends or it crashes.
-func (r *demoRun) consumerInstance(ctx context.Context, idx, gen int, durable string) error {
+func (r *demoRun) consumerInstance(ctx context.Context, idx, gen int) error {
 	ictx, die := context.WithCancel(ctx)
 	defer die()
-	nc, err := nats.Connect(r.nats.URL(), nats.Name(fmt.Sprintf("consumer-%d.%d", idx, gen)))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	cons, err := js.Consumer(ictx, "DEMO", durable)
-	if err != nil {
-		return err
-	}
 	c, err := r.newClient(ictx)
 	if err != nil {
 		return err
@@ -613,34 +575,38 @@ func (r *demoRun) consumerInstance(ctx context.Context, idx, gen int, durable st
 	b := c.NewBatcher()
 	defer b.Close()
 
-	var once sync.Once
-	var crashed atomic.Bool
+	var (
+		once    sync.Once
+		crashed atomic.Bool
+		cons    Consumer
+	)
 	crash := func() {
 		once.Do(func() {
 			crashed.Store(true)
 			r.crashes.Add(1)
 			// The process dies: its connections drop, nothing more is
 			// acknowledged, released or committed.
+			cons.Kill()
 			die()
-			nc.Close()
 			c.Close()
 		})
 	}
-	h, err := natsdedup.New(natsdedup.Config{
+	cons, err = r.broker.NewConsumer(ictx, ConsumerSpec{
+		Name:            fmt.Sprintf("consumer-%d.%d", idx, gen),
 		Processor:       b,
 		Namespace:       r.ns,
-		ID:              natsdedup.JSONFieldID("id"),
-		Handler:         r.handler(crash),
+		IDField:         "id",
+		Workers:         r.cfg.Workers,
+		ProcessOptions:  []client.ProcessOption{client.WithLease(r.cfg.Lease)},
 		RetryDelay:      500 * time.Millisecond,
 		InProgressDelay: 2 * time.Second,
-		ProcessOptions:  []client.ProcessOption{client.WithLease(r.cfg.Lease)},
-		Observe:         func(msg jetstream.Msg, res natsdedup.Result) { r.observe(msg, res, crashed.Load()) },
-		Context:         ictx,
+		Handler:         r.handler(crash),
+		Observe:         func(d Delivery) { r.observe(d, crashed.Load()) },
 	})
 	if err != nil {
 		return err
 	}
-	err = h.Consume(ictx, cons, r.cfg.Workers, jetstream.PullMaxMessages(2*r.cfg.Workers))
+	err = cons.Run(ictx)
 	if ictx.Err() != nil {
 		return nil // stopped or crashed: restart
 	}
@@ -649,10 +615,10 @@ func (r *demoRun) consumerInstance(ctx context.Context, idx, gen int, durable st
 
 // handler applies one event to the ledger, crashing or stalling now and
 // then.
-func (r *demoRun) handler(crash func()) func(ctx context.Context, msg jetstream.Msg) error {
-	return func(ctx context.Context, msg jetstream.Msg) error {
+func (r *demoRun) handler(crash func()) func(ctx context.Context, body []byte) error {
+	return func(ctx context.Context, body []byte) error {
 		var ev event
-		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+		if err := json.Unmarshal(body, &ev); err != nil {
 			return err
 		}
 		switch roll := rand.Float64(); {
@@ -683,13 +649,12 @@ func (r *demoRun) handler(crash func()) func(ctx context.Context, msg jetstream.
 
 // observe counts one delivery; crashed says whether its consumer had
 // crashed by the time the delivery ended.
-func (r *demoRun) observe(msg jetstream.Msg, res natsdedup.Result, crashed bool) {
+func (r *demoRun) observe(d Delivery, crashed bool) {
 	r.deliveries.Add(1)
-	md, err := msg.Metadata()
-	if err == nil && md.NumDelivered > 1 {
+	if d.Redelivered {
 		r.redeliveries.Add(1)
 	}
-	switch res.Outcome {
+	switch d.Outcome {
 	case client.OutcomeDuplicate:
 		r.duplicates.Add(1)
 	case client.OutcomeInProgress:
@@ -697,7 +662,7 @@ func (r *demoRun) observe(msg jetstream.Msg, res natsdedup.Result, crashed bool)
 	case client.OutcomeFailed:
 		r.failures.Add(1)
 	case client.OutcomeLeaseLost, client.OutcomeError:
-		if !res.Ran {
+		if !d.Ran {
 			if crashed {
 				r.failures.Add(1) // its claim died with the consumer
 			} else {
@@ -707,15 +672,7 @@ func (r *demoRun) observe(msg jetstream.Msg, res natsdedup.Result, crashed bool)
 		}
 		r.unconfirmed.Add(1)
 		r.mu.Lock()
-		r.atRisk[string(res.ID)] = true
-		r.mu.Unlock()
-	}
-	if res.Action == natsdedup.ActionAck && res.AckErr == nil && err == nil {
-		r.mu.Lock()
-		if s := md.Sequence.Stream; s < uint64(len(r.acked)) && !r.acked[s] {
-			r.acked[s] = true
-			r.ackedN++
-		}
+		r.atRisk[string(d.ID)] = true
 		r.mu.Unlock()
 	}
 }

@@ -68,6 +68,7 @@ func TestDemoAndWebhookUsageErrors(t *testing.T) {
 		{"demo", "--messages", "0"},
 		{"demo", "--addr", "127.0.0.1:1", "--kill-leader-every", "5s"},
 		{"demo", "--crash-rate", "2"},
+		{"demo", "--broker", "kafak"},
 		{"webhook-proxy", "--id-header", "Webhook-Id"},
 		{"webhook-proxy", "--upstream", "ftp://x", "--id-header", "Webhook-Id"},
 		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--id-content"},

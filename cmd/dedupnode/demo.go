@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,14 +20,16 @@ effect happens once, though the broker delivers some messages two, three or
 more times.
 
 It starts a local 3-node dedupnode cluster in this process (or uses --addr)
-and an embedded NATS server with JetStream, then publishes --messages events
+and an embedded broker (--broker: NATS JetStream by default, or Kafka through
+an in-process Kafka cluster), then publishes --messages events
 (account, amount) with realistic duplicates: about 5% are published again
 1-3 s later (a producer retrying after a lost publish ack) and an older 5%
 range is replayed once 60% are out. Several consumer processes handle them
 through client.Process (claim → apply → commit), each applying its event to
 a ledger of account balances in Pebble. Consumers really crash mid-message
 (their connections drop, every message they hold is abandoned) and stall past
-JetStream's AckWait, so JetStream really redelivers.
+JetStream's AckWait, so the broker really redelivers (on Kafka a crashed
+consumer's partitions go to another consumer from the last committed offset).
 
 The summary checks that effects applied == unique event IDs, that the ledger
 total (and every account) equals the expected total, and that no event ran
@@ -48,14 +51,18 @@ func newDemoCmd(e *env) *cobra.Command {
 		logLevel   string
 	)
 	cmd := &cobra.Command{
-		Use:   "demo [--messages N] [--consumers N] [--kill-leader-every DURATION] [--addr HOST:PORT,...] [--output json]",
-		Short: "Run consumers of a real NATS JetStream stream through dedupnode and check every effect happened once",
+		Use:   "demo [--broker nats|kafka|rabbitmq] [--messages N] [--consumers N] [--kill-leader-every DURATION] [--addr HOST:PORT,...] [--output json]",
+		Short: "Run consumers of a real broker (NATS JetStream, Kafka) through dedupnode and check every effect happened once",
 		Long:  demoLong,
 		Example: strings.ReplaceAll(`  dedupnode demo
   dedupnode demo --messages 20000 --kill-leader-every 5s
+  dedupnode demo --broker kafka --kill-leader-every 5s
   dedupnode demo --output json | jq .ok`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if !slices.Contains(demo.Brokers, cfg.Broker) {
+				return usagef("--broker %q: want one of %s", cfg.Broker, strings.Join(demo.Brokers, ", "))
+			}
 			if output != "text" && output != "json" {
 				return usagef("--output %q: want text or json", output)
 			}
@@ -91,8 +98,8 @@ func newDemoCmd(e *env) *cobra.Command {
 				if len(cfg.Addrs) > 0 {
 					where = "the cluster at " + strings.Join(cfg.Addrs, ",")
 				}
-				fmt.Fprintf(e.stdout, "dedupnode demo: %d events through NATS JetStream into a ledger, %d consumers × %d workers, on %s\n",
-					cfg.Messages, cfg.Consumers, cfg.Workers, where)
+				fmt.Fprintf(e.stdout, "dedupnode demo: %d events through %s into a ledger, %d consumers × %d workers, on %s\n",
+					cfg.Messages, demo.BrokerTitle(cfg.Broker), cfg.Consumers, cfg.Workers, where)
 			}
 			sum, err := demo.Run(e.ctx, cfg)
 			if err != nil {
@@ -116,8 +123,9 @@ func newDemoCmd(e *env) *cobra.Command {
 		}),
 	}
 	fs := cmd.Flags()
+	fs.StringVar(&cfg.Broker, "broker", "nats", "`BROKER` the events go through, embedded in this process: "+strings.Join(demo.Brokers, ", "))
 	fs.IntVar(&cfg.Messages, "messages", 100_000, "unique events to publish (`N`)")
-	fs.IntVar(&cfg.Consumers, "consumers", 4, "`N` consumer processes, each with its own NATS connection and dedupnode client")
+	fs.IntVar(&cfg.Consumers, "consumers", 4, "`N` consumer processes, each with its own broker connection and dedupnode client")
 	fs.IntVar(&cfg.Workers, "workers", 64, "messages (`N`) each consumer handles at once")
 	fs.DurationVar(&cfg.KillLeaderEvery, "kill-leader-every", 0, "kill the leader node abruptly and restart it, again and again while consumers run: each leader leads for `DURATION` (e.g. 5s; 0 = never)")
 	fs.StringSliceVar(&addrs, "addr", nil, "use the running cluster at `HOST:PORT`[,...] instead of starting one (its namespaces need not auto-create: the demo creates its own)")
@@ -125,12 +133,12 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.Float64Var(&cfg.ReplayRate, "replay-rate", cfg.ReplayRate, "size of the older range replayed, as a share (`0..1`) of --messages")
 	fs.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "chance (`0..1`) that a delivery crashes its consumer mid-message")
 	fs.Float64Var(&cfg.StallRate, "stall-rate", cfg.StallRate, "chance (`0..1`) that a delivery stalls its handler past AckWait")
-	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait: an unacknowledged delivery is redelivered after this `DURATION`")
+	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait: an unacknowledged delivery is redelivered after this `DURATION` (stalls last 1.5 × it on every broker)")
 	fs.DurationVar(&cfg.Lease, "lease", 5*time.Second, "claim lease per message: a crashed consumer's messages are processed again after this `DURATION`")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` for the events (0: from the clock)")
 	cfg.Timeout = 15 * time.Minute
 	fs.Var(durationValue{&cfg.Timeout}, "timeout", "give up after this `DURATION`")
-	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, NATS's and the ledger's data in `DIR` (default: a temporary folder, deleted)")
+	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, the broker's and the ledger's data in `DIR` (default: a temporary folder, deleted)")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text or json (one object)")
 	fs.BoolVar(&noProgress, "no-progress", false, "no progress bar (it is shown only when stderr is a terminal)")
 	fs.StringVar(&logLevel, "log-level", "error", "log `LEVEL` on stderr: debug, info, warn or error; given, the local nodes log too")
@@ -154,7 +162,7 @@ func printDemo(e *env, s demo.Summary) {
 	fmt.Fprintf(w, "  re-runs refused by ledger %7s   commits unconfirmed (crash between effect and commit): %s\n", n(int64(s.LedgerRepeatsRefused)), n(s.CommitUnconfirmed))
 	fmt.Fprintf(w, "  time                    %8.1fs   %s messages/s overall; 99%% acked after %.1fs (%s messages/s)\n",
 		s.Seconds, n(int64(s.MessagesPerSecond)), s.SecondsTo99, n(int64(s.MessagesPerSecondTo99)))
-	fmt.Fprintf(w, "  consumers               %9d   × %d workers each; cluster: %s\n\n", s.Consumers, s.Workers, s.Cluster)
+	fmt.Fprintf(w, "  consumers               %9d   × %d workers each; broker: %s; cluster: %s\n\n", s.Consumers, s.Workers, demo.BrokerTitle(s.Broker), s.Cluster)
 	for _, c := range s.Checks {
 		mark := "ok  "
 		if !c.OK {
