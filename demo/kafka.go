@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -64,6 +65,9 @@ func GroupLag(ctx context.Context, cl *kgo.Client, group, topic string) (lag, to
 		return 0, 0, err
 	}
 	committed, err := adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		err = nil // nothing committed yet
+	}
 	if err != nil {
 		return 0, 0, err
 	}
