@@ -368,10 +368,11 @@ var ErrDeliveriesClosed = errors.New("amqpdedup: deliveries closed")
 // *client.Batcher. Set ch's prefetch (ch.Qos) to at least workers.
 //
 // It returns nil once ctx ended: the consumer is cancelled, runs in flight
-// finish, deliveries not yet handled and held requeues are requeued at
-// once. It returns an error wrapping ErrDeliveriesClosed when the broker
-// stopped delivering (channel closed), after the runs in flight finished
-// (their settlements then fail: the broker redelivers those messages).
+// finish, deliveries not yet handled are requeued at once. It returns an
+// error wrapping ErrDeliveriesClosed when the broker stopped delivering
+// (channel closed), after the runs in flight finished (their settlements
+// then fail: the broker redelivers those messages). Either way it sends
+// the Handler's held requeues (Flush) before it returns.
 func (h *Handler) Consume(ctx context.Context, ch *amqp.Channel, queue string, workers int) error {
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	tag := fmt.Sprintf("amqpdedup-%p-%d", h, time.Now().UnixNano())
@@ -401,8 +402,10 @@ func (h *Handler) Consume(ctx context.Context, ch *amqp.Channel, queue string, w
 		}()
 	}
 	wg.Wait()
+	// No timer outlives Consume: held requeues go now (on a closed
+	// channel they fail, and the broker requeues those messages anyway).
+	h.Flush()
 	if ctx.Err() != nil {
-		h.Flush()
 		return nil
 	}
 	select {

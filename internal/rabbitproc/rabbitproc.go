@@ -68,6 +68,9 @@ type Config struct {
 // Server is a running broker.
 type Server struct {
 	dir     string
+	script  string
+	env     []string
+	node    string
 	port    int
 	cmd     *exec.Cmd
 	epmd    *exec.Cmd
@@ -144,6 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	cmd := exec.Command(script)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	s.script, s.node = script, node
 	cmd.Env = append(os.Environ(),
 		"HOME="+dir, // the Erlang cookie goes here
 		"ERL_EPMD_PORT="+strconv.Itoa(epmdPort),
@@ -164,6 +168,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		"RABBITMQ_ALLOW_INPUT=1",
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+strings.Join(erlArgs, " "),
 	)
+	s.env = cmd.Env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -206,6 +211,39 @@ func (s *Server) PID() int { return s.cmd.Process.Pid }
 
 // LogPath is where the broker's log is written.
 func (s *Server) LogPath() string { return s.logPath }
+
+// QueueCounts returns the numbers of ready and of unacknowledged
+// messages in queue (of the default virtual host), as rabbitmqctl
+// list_queues reports them: AMQP itself only tells the ready ones. It runs
+// rabbitmqctl (an Erlang VM of its own: a second or more), so it suits a
+// final check, not a polling loop.
+func (s *Server) QueueCounts(ctx context.Context, queue string) (ready, unacked int, err error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(s.script), "rabbitmqctl"),
+		"-n", s.node, "-q", "list_queues", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
+	cmd.Env = s.env
+	cmd.Dir = s.dir
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return 0, 0, fmt.Errorf("rabbitmqctl list_queues: %w: %s", err, ee.Stderr)
+		}
+		return 0, 0, fmt.Errorf("rabbitmqctl list_queues: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != queue {
+			continue
+		}
+		r, err1 := strconv.Atoi(f[1])
+		u, err2 := strconv.Atoi(f[2])
+		if err := errors.Join(err1, err2); err != nil {
+			return 0, 0, fmt.Errorf("rabbitmqctl list_queues: line %q: %w", line, err)
+		}
+		return r, u, nil
+	}
+	return 0, 0, fmt.Errorf("rabbitmqctl list_queues: no queue %q in %q", queue, out)
+}
 
 // Close stops the broker by its PID: SIGTERM (a clean shutdown), SIGKILL to
 // its process group after 30 s; then its port mapper.
