@@ -66,6 +66,8 @@ var Methods = map[string]Rule{
 	dedupv1.Ops_Backup_FullMethodName:  {Admin, ScopeAll},
 	// Export enumerates a namespace: more than Check's one-ID-at-a-time read.
 	dedupv1.Ops_Export_FullMethodName: {Admin, ScopeNamespace},
+	// The fencing epoch is cluster-wide (and finite: 65535 epochs).
+	dedupv1.Ops_RaiseFenceEpoch_FullMethodName: {Admin, ScopeAll},
 	// Digest reveals no data but scans the node's whole state.
 	dedupv1.Ops_Digest_FullMethodName: {Admin, ScopeAll},
 

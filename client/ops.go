@@ -103,35 +103,75 @@ func (v *tailVerifier) ok() bool {
 
 // ExportedRecord is one live record of an export.
 type ExportedRecord struct {
-	ID        []byte
+	ID []byte
+	// State is StateCommitted or StateLeased (Expires is then the lease's
+	// expiry).
 	State     RecordState
 	FirstSeen time.Time
 	Expires   time.Time
+	// Digest and RequestToken were recorded with the ID (nil if none).
+	Digest       []byte
+	RequestToken []byte
+	// FencingToken is the token of the ID's latest claim (0 if never
+	// claimed).
+	FencingToken uint64
 }
 
-// Export calls fn for every live ID of namespace (recorded, not expired,
-// not forgotten) as of a linearizable read barrier, in key order. An error
-// from fn stops the export and is returned. Needs the admin right on the
-// namespace when the cluster runs with tokens. Errors:
+// ExportInfo describes an export as a whole.
+type ExportInfo struct {
+	// FenceEpoch is the exporting cluster's fencing epoch (the high 16
+	// bits of its fencing tokens); known before the first record.
+	FenceEpoch uint64
+	// SkippedReleased and SkippedExpired count the namespace's records
+	// left out because they answer as absent: released leases not yet
+	// forgotten, and records or leases whose expiry has passed. Known once
+	// the export is complete.
+	SkippedReleased, SkippedExpired uint64
+}
+
+// Export calls fn for every live ID of namespace (committed, or leased
+// with a live lease) as of a linearizable read barrier, in key order. An
+// error from fn stops the export and is returned. Needs the admin right on
+// the namespace when the cluster runs with tokens. Errors:
 // ErrNamespaceNotFound.
 func (c *Client) Export(ctx context.Context, namespace string, fn func(ExportedRecord) error) error {
-	return c.stream(ctx, "export", func(ctx context.Context, cc *grpc.ClientConn) error {
+	_, err := c.ExportWithInfo(ctx, namespace, nil, fn)
+	return err
+}
+
+// ExportWithInfo is Export that also calls begin (if not nil) once, before
+// the first record, with the cluster's fencing epoch, and returns the
+// export's ExportInfo (with the counts of records left out).
+func (c *Client) ExportWithInfo(ctx context.Context, namespace string, begin func(ExportInfo) error, fn func(ExportedRecord) error) (ExportInfo, error) {
+	var info ExportInfo
+	err := c.stream(ctx, "export", func(ctx context.Context, cc *grpc.ClientConn) error {
 		st, err := dedupv1.NewOpsClient(cc).Export(ctx, &dedupv1.ExportRequest{Namespace: namespace})
 		if err != nil {
 			return err
 		}
 		n := 0
-		for {
+		for first := true; ; first = false {
 			ch, err := st.Recv()
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			if err != nil {
-				return partial(n > 0, err)
+				return partial(n > 0 || (!first && begin != nil), err)
 			}
+			if first {
+				info.FenceEpoch = ch.GetFenceEpoch()
+				if begin != nil {
+					if err := begin(info); err != nil {
+						return fmt.Errorf("%w: %w", errPartial, err)
+					}
+				}
+			}
+			info.SkippedReleased += ch.GetSkippedReleased()
+			info.SkippedExpired += ch.GetSkippedExpired()
 			for _, r := range ch.GetRecords() {
 				rec := ExportedRecord{ID: r.GetId(), State: StateCommitted,
-					FirstSeen: time.UnixMilli(r.GetFirstSeenUnixMs()).UTC(), Expires: time.UnixMilli(r.GetExpiresUnixMs()).UTC()}
+					FirstSeen: time.UnixMilli(r.GetFirstSeenUnixMs()).UTC(), Expires: time.UnixMilli(r.GetExpiresUnixMs()).UTC(),
+					Digest: nilIfEmpty(r.GetDigest()), RequestToken: nilIfEmpty(r.GetRequestToken()), FencingToken: r.GetFencingToken()}
 				if r.GetState() == dedupv1.RecordState_RECORD_STATE_LEASED {
 					rec.State = StateLeased
 				}
@@ -142,6 +182,34 @@ func (c *Client) Export(ctx context.Context, namespace string, fn func(ExportedR
 			}
 		}
 	})
+	return info, err
+}
+
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// RaiseFenceEpoch raises the cluster's fencing epoch (the high 16 bits of
+// every fencing token granted afterwards) to at least atLeast, through the
+// Raft log, and returns the epoch in force. An import of another cluster's
+// export raises it past the source's, so that the importing cluster's
+// fencing tokens exceed every token the source can grant. Needs the admin
+// right on "*" when the cluster runs with tokens. Errors:
+// ErrInvalidArgument (past 65535), ErrPermissionDenied.
+func (c *Client) RaiseFenceEpoch(ctx context.Context, atLeast uint64) (uint64, error) {
+	var epoch uint64
+	err := c.invoke(ctx, "raise-fence-epoch", toLeader, func(ctx context.Context, cc *grpc.ClientConn) error {
+		resp, err := dedupv1.NewOpsClient(cc).RaiseFenceEpoch(ctx, &dedupv1.RaiseFenceEpochRequest{AtLeast: atLeast})
+		if err != nil {
+			return err
+		}
+		epoch = resp.GetFenceEpoch()
+		return nil
+	})
+	return epoch, err
 }
 
 // DigestOf asks the node at addr (host:port) for a SHA-256 digest of its

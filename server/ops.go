@@ -177,12 +177,14 @@ func (k *streamSink) Cancel() error { return nil }
 const exportBatch = 1000
 
 // Export implements dedupv1.OpsServer: a read barrier, then the live
-// records of one namespace. It walks a snapshot stream of the FSM (the
-// format in fsm/snapshot.go: header, then uvarint-length-prefixed keys and
-// values) for the namespace's record keys and answers each batch of IDs
-// through FSM.Check, so only live records go out, with their current
-// state. A record is sent from the expiry bucket it currently lives in, so
-// an ID whose expiry moved (sliding mode) is sent once.
+// records of one namespace — committed records and live leases, each with
+// its digest, request token and fencing token. It walks a snapshot stream
+// of the FSM (the format in fsm/snapshot.go: header, then uvarint-length-
+// prefixed keys and values) for the namespace's record keys: at most one
+// record per ID exists, so each ID is sent once, in the state of one
+// consistent snapshot. The first chunk carries the fencing epoch (sent even
+// when nothing else is); the last counts what was left out as absent
+// (released leases, expired records).
 func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreamingServer[dedupv1.ExportChunk]) error {
 	s := o.s
 	ctx := stream.Context()
@@ -202,6 +204,10 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 	if err != nil {
 		return toStatus(fmt.Errorf("take snapshot: %w", err))
 	}
+	// Read after the snapshot: the epoch never goes down, so the one sent
+	// is at least the snapshot's.
+	epoch := f.FenceEpoch()
+	now := max(time.Now().UnixMilli(), f.LastTimestamp())
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
@@ -214,51 +220,86 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 		<-done
 	}()
 
-	var ids [][]byte
-	var buckets []uint64
-	send := func() error {
-		if len(ids) == 0 {
+	out := &dedupv1.ExportChunk{FenceEpoch: epoch}
+	first := true
+	var released, expired uint64
+	send := func(last bool) error {
+		if len(out.Records) == 0 && !first && !last {
 			return nil
 		}
-		now := max(time.Now().UnixMilli(), f.LastTimestamp())
-		res, err := f.Check(name, ids, now)
-		if err != nil {
-			return toStatus(err)
+		if last {
+			out.SkippedReleased, out.SkippedExpired = released, expired
 		}
-		out := &dedupv1.ExportChunk{}
-		for i, r := range res {
-			if r.Code != fsm.CodeSeen || ns.BucketWidthMs <= 0 || uint64(r.Record.ExpiresMs/ns.BucketWidthMs) != buckets[i] {
-				continue
-			}
-			out.Records = append(out.Records, &dedupv1.ExportedRecord{
-				Id:              ids[i],
-				State:           dedupv1.RecordState(r.Record.State),
-				FirstSeenUnixMs: r.Record.FirstSeenMs,
-				ExpiresUnixMs:   r.Record.ExpiresMs,
-			})
+		if err := stream.Send(out); err != nil {
+			return err
 		}
-		ids, buckets = ids[:0:0], buckets[:0:0]
-		if len(out.Records) == 0 {
-			return nil
-		}
-		return stream.Send(out)
+		first = false
+		out = &dedupv1.ExportChunk{}
+		return nil
 	}
-	err = walkSnapshot(bufio.NewReaderSize(pr, 1<<20), func(key []byte) error {
-		nsID, bucket, id, ok := storage.ParseRecordKey(key)
+	err = walkSnapshot(bufio.NewReaderSize(pr, 1<<20), func(key, value []byte) error {
+		nsID, _, id, ok := storage.ParseRecordKey(key)
 		if !ok || nsID != ns.ID {
 			return nil
 		}
-		ids = append(ids, append([]byte(nil), id...))
-		buckets = append(buckets, bucket)
-		if len(ids) >= exportBatch {
-			return send()
+		r, err := fsm.DecodeRecord(value)
+		if err != nil {
+			return fmt.Errorf("record %q: %w", id, err)
+		}
+		switch {
+		case r.ExpiresMs <= now:
+			expired++
+			return nil
+		case r.State == fsm.StateReleased:
+			released++
+			return nil
+		}
+		out.Records = append(out.Records, &dedupv1.ExportedRecord{
+			Id:              append([]byte(nil), id...),
+			State:           dedupv1.RecordState(r.State),
+			FirstSeenUnixMs: r.FirstSeenMs,
+			ExpiresUnixMs:   r.ExpiresMs,
+			Digest:          append([]byte(nil), r.Digest...),
+			RequestToken:    append([]byte(nil), r.Token...),
+			FencingToken:    r.Fence,
+		})
+		if len(out.Records) >= exportBatch {
+			return send(false)
 		}
 		return nil
 	})
 	if err != nil {
 		return toStatus(fmt.Errorf("export %s: %w", name, err))
 	}
-	return send()
+	return send(true)
+}
+
+// RaiseFenceEpoch implements dedupv1.OpsServer: proposes
+// OpRaiseFenceEpoch on the leader (forwarded there).
+func (o *opsServer) RaiseFenceEpoch(ctx context.Context, req *dedupv1.RaiseFenceEpochRequest) (*dedupv1.RaiseFenceEpochResponse, error) {
+	if req.AtLeast > fsm.MaxFenceEpoch {
+		return nil, toStatus(invalidf("at_least", "%d exceeds the largest fencing epoch, %d", req.AtLeast, uint64(fsm.MaxFenceEpoch)))
+	}
+	s := o.s
+	var resp *dedupv1.RaiseFenceEpochResponse
+	err := s.onLeader(ctx, func(ctx context.Context) error {
+		res, err := s.node.Propose(ctx, []fsm.Op{{Kind: fsm.OpRaiseFenceEpoch, FenceEpoch: req.AtLeast}})
+		if err != nil {
+			return err
+		}
+		if res[0].Err != nil {
+			return res[0].Err
+		}
+		resp = &dedupv1.RaiseFenceEpochResponse{FenceEpoch: res[0].FenceEpoch}
+		return nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+		resp, err = dedupv1.NewOpsClient(cc).RaiseFenceEpoch(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
 }
 
 type pipeSink struct{ *io.PipeWriter }
@@ -267,15 +308,15 @@ func (p *pipeSink) ID() string    { return "export" }
 func (p *pipeSink) Cancel() error { return nil }
 func (p *pipeSink) Close() error  { return nil } // closed by the caller with Persist's error
 
-// walkSnapshot calls fn with every key of an FSM snapshot stream (values
-// are skipped). The trailing count and checksum are not verified: the
+// walkSnapshot calls fn with every key and value of an FSM snapshot stream
+// (both valid only during the call). The trailing count and checksum are not verified: the
 // stream comes straight from this node's own Pebble snapshot.
-func walkSnapshot(r *bufio.Reader, fn func(key []byte) error) error {
+func walkSnapshot(r *bufio.Reader, fn func(key, value []byte) error) error {
 	var hdr [24]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return fmt.Errorf("snapshot header: %w", err)
 	}
-	var key []byte
+	var key, val []byte
 	for {
 		kl, err := binary.ReadUvarint(r)
 		if err != nil {
@@ -295,10 +336,17 @@ func walkSnapshot(r *bufio.Reader, fn func(key []byte) error) error {
 		if err != nil {
 			return fmt.Errorf("snapshot value: %w", err)
 		}
-		if _, err := r.Discard(int(vl)); err != nil {
+		if vl > 1<<24 {
+			return fmt.Errorf("snapshot value of %d bytes", vl)
+		}
+		if uint64(cap(val)) < vl {
+			val = make([]byte, vl)
+		}
+		val = val[:vl]
+		if _, err := io.ReadFull(r, val); err != nil {
 			return fmt.Errorf("snapshot value: %w", err)
 		}
-		if err := fn(key); err != nil {
+		if err := fn(key, val); err != nil {
 			return err
 		}
 	}

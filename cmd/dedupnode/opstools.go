@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/fsm"
 )
 
 // progressOut returns where to draw a progress bar: stderr when it is a
@@ -198,6 +200,8 @@ the node table until you 'remove' them.`,
 type exportLine struct {
 	ID    string `json:"id,omitempty"`
 	IDB64 string `json:"id_b64,omitempty"`
+	// State is "committed" (the default) or "leased": a lease imports as a
+	// lease until ExpiresUnixMs, never as committed.
 	State string `json:"state,omitempty"`
 	// FirstSeenUnixMs is informative: import records IDs anew.
 	FirstSeenUnixMs int64 `json:"first_seen_unix_ms,omitempty"`
@@ -207,7 +211,25 @@ type exportLine struct {
 	// ExpiresUnixMs, import uses --ttl or the namespace default.
 	TTL   string `json:"ttl,omitempty"`
 	TTLMs int64  `json:"ttl_ms,omitempty"`
+	// DigestB64 and TokenB64 (standard base64) are the payload digest and
+	// the request token recorded with the ID; import keeps both, so a
+	// retry of the call that recorded it answers as that call did.
+	DigestB64 string `json:"digest_b64,omitempty"`
+	TokenB64  string `json:"token_b64,omitempty"`
+	// Fence is the source cluster's fencing token of the ID's latest claim
+	// (informative: import grants new ones, in an epoch past the source's).
+	Fence uint64 `json:"fence,omitempty"`
 }
+
+// exportHeader is the first line export writes. Import reads the source
+// cluster's fencing epoch from it and raises the target's past it.
+type exportHeader struct {
+	Format     int    `json:"dedupnode_export"`
+	Namespace  string `json:"namespace"`
+	FenceEpoch uint64 `json:"fence_epoch"`
+}
+
+const exportFormat = 1
 
 func newExportCmd(e *env) *cobra.Command {
 	f := &clientFlags{}
@@ -218,9 +240,14 @@ func newExportCmd(e *env) *cobra.Command {
 		Long: `Export writes every live ID of a namespace (recorded, not expired, not
 forgotten) as of a linearizable read barrier, one JSON object per line:
 {"id": ..., "state": "committed"|"leased", "first_seen_unix_ms": ...,
-"expires_unix_ms": ...}; IDs that are not valid UTF-8 come as "id_b64"
-(standard base64). 'dedupnode import' reads the same format. Needs the
-admin right on the namespace when the cluster runs with tokens.`,
+"expires_unix_ms": ..., "digest_b64": ..., "token_b64": ..., "fence": ...};
+IDs that are not valid UTF-8 come as "id_b64" (standard base64). A lease's
+"expires_unix_ms" is its lease expiry. The first line is a header,
+{"dedupnode_export": 1, "namespace": ..., "fence_epoch": N}, naming the
+cluster's fencing epoch. Released leases and expired records answer as
+absent and are not exported (they are counted on stderr). 'dedupnode
+import' reads the same format. Needs the admin right on the namespace when
+the cluster runs with tokens.`,
 		Example: strings.ReplaceAll(`  dedupnode export --addr 127.0.0.1:7070 --namespace orders --out orders.ndjson`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
@@ -236,14 +263,28 @@ admin right on the namespace when the cluster runs with tokens.`,
 			}
 			bw := bufio.NewWriterSize(w, 1<<20)
 			enc := json.NewEncoder(bw)
-			n := 0
+			var n, leased int
 			c, err := f.dial(e.ctx, cmd)
 			if err != nil {
 				return explain(err, f, namespace)
 			}
 			defer c.Close()
-			err = c.Export(e.ctx, namespace, func(r client.ExportedRecord) error {
-				l := exportLine{FirstSeenUnixMs: r.FirstSeen.UnixMilli(), ExpiresUnixMs: r.Expires.UnixMilli(), State: r.State.String()}
+			// The header first: import reads the source's fencing epoch
+			// from it before it claims any lease.
+			begin := func(info client.ExportInfo) error {
+				return enc.Encode(&exportHeader{Format: exportFormat, Namespace: nsName(namespace), FenceEpoch: info.FenceEpoch})
+			}
+			info, err := c.ExportWithInfo(e.ctx, namespace, begin, func(r client.ExportedRecord) error {
+				l := exportLine{FirstSeenUnixMs: r.FirstSeen.UnixMilli(), ExpiresUnixMs: r.Expires.UnixMilli(), State: r.State.String(), Fence: r.FencingToken}
+				if r.State == client.StateLeased {
+					leased++
+				}
+				if len(r.Digest) > 0 {
+					l.DigestB64 = base64.StdEncoding.EncodeToString(r.Digest)
+				}
+				if len(r.RequestToken) > 0 {
+					l.TokenB64 = base64.StdEncoding.EncodeToString(r.RequestToken)
+				}
 				if utf8.Valid(r.ID) {
 					l.ID = string(r.ID)
 				} else {
@@ -258,12 +299,15 @@ admin right on the namespace when the cluster runs with tokens.`,
 			if err := bw.Flush(); err != nil {
 				return &opError{err: err}
 			}
+			dest := "stdout"
 			if file != nil {
 				if err := file.Close(); err != nil {
 					return &opError{err: err}
 				}
-				fmt.Fprintf(e.stderr, "exported %d IDs of namespace %s to %s\n", n, nsName(namespace), out)
+				dest = out
 			}
+			fmt.Fprintf(e.stderr, "exported %d IDs of namespace %s to %s (%d leased); not exported, as they answer as absent: %d expired, %d released leases\n",
+				n, nsName(namespace), dest, leased, info.SkippedExpired, info.SkippedReleased)
 			return nil
 		}),
 	}
@@ -289,7 +333,7 @@ func newImportCmd(e *env) *cobra.Command {
 	var namespace string
 	var ttl, granularity time.Duration
 	var batch int
-	var noProgress bool
+	var noProgress, keepEpoch bool
 	cmd := &cobra.Command{
 		Use:   "import --namespace NS FILE|-",
 		Short: "Bulk-load IDs (one per line, or NDJSON with per-ID TTL)",
@@ -301,7 +345,14 @@ optionally "ttl" ("90s", "24h", "7d"), "ttl_ms", or "expires_unix_ms" (as
 expired are skipped). Other lines' TTL is --ttl, else the namespace
 default. TTLs are rounded up to --ttl-granularity so IDs share requests;
 an ID never expires earlier than asked. Marks are idempotent: running an
-import twice is harmless (the second run reports duplicates).`,
+import twice is harmless (the second run reports duplicates).
+
+Records of 'dedupnode export' keep their state: a "leased" record is
+claimed for the time its lease has left (to the second), with its digest
+and request token, so a redelivery gets in_progress until then — never
+duplicate. When the file starts with export's header line, import first
+raises this cluster's fencing epoch past the source's (admin right on "*"),
+so every fencing token it grants afterwards exceeds the source's.`,
 		Example: strings.ReplaceAll(`  redis-cli --scan --pattern 'processed:*' | sed 's/^processed://' | dedupnode import --namespace orders --ttl 7d -
   dedupnode import --addr 127.0.0.1:7070 --namespace orders orders.ndjson`, "dedupnode ", e.progName+" "),
 		Args: cobra.ExactArgs(1),
@@ -343,16 +394,37 @@ import twice is harmless (the second run reports duplicates).`,
 			bar := newBar(progressOut(e, noProgress), total, "import", true)
 			defer bar.Finish()
 
-			groups := map[time.Duration][]client.Item{}
-			var stats struct{ read, new, dup, conflict, expired int }
-			flush := func(d time.Duration) error {
-				items := groups[d]
+			// Committed records are marked, leases claimed (each for
+			// the time its lease has left), grouped by that duration.
+			type groupKey struct {
+				leased bool
+				d      time.Duration
+			}
+			groups := map[groupKey][]client.Item{}
+			var stats struct{ read, new, dup, conflict, leased, inProgress, expired int }
+			var epoch *uint64
+			flush := func(k groupKey) error {
+				items := groups[k]
 				if len(items) == 0 {
 					return nil
 				}
 				ctx, cancel := f.withTimeout(e.ctx)
 				defer cancel()
-				res, err := c.Mark(ctx, namespace, items, d)
+				items, err := skipImported(ctx, c, namespace, items, k.leased)
+				if err != nil {
+					return err
+				}
+				stats.dup += len(groups[k]) - len(items)
+				if len(items) == 0 {
+					groups[k] = groups[k][:0:0]
+					return nil
+				}
+				var res []client.Result
+				if k.leased {
+					res, err = c.Claim(ctx, namespace, items, k.d)
+				} else {
+					res, err = c.Mark(ctx, namespace, items, k.d)
+				}
 				if err != nil {
 					return err
 				}
@@ -360,13 +432,17 @@ import twice is harmless (the second run reports duplicates).`,
 					switch r.Code {
 					case client.CodeNew:
 						stats.new++
+					case client.CodeAcquired:
+						stats.leased++
+					case client.CodeInProgress:
+						stats.inProgress++
 					case client.CodeDuplicate:
 						stats.dup++
 					case client.CodeConflict:
 						stats.conflict++
 					}
 				}
-				groups[d] = items[:0:0]
+				groups[k] = items[:0:0]
 				return nil
 			}
 			// failed explains a failed request and says how many IDs the
@@ -379,7 +455,7 @@ import twice is harmless (the second run reports duplicates).`,
 				}
 				var oe *opError
 				if errors.As(err, &oe) {
-					if done := stats.new + stats.dup + stats.conflict; done == 0 {
+					if done := stats.new + stats.dup + stats.conflict + stats.leased + stats.inProgress; done == 0 {
 						oe.err = fmt.Errorf("%w (no ID imported)", oe.err)
 					} else {
 						oe.err = fmt.Errorf("%w (%d IDs imported before it; re-running the whole import is harmless)", oe.err, done)
@@ -389,7 +465,7 @@ import twice is harmless (the second run reports duplicates).`,
 			}
 			sc := bufio.NewScanner(in)
 			sc.Buffer(make([]byte, 64<<10), 1<<20)
-			line := 0
+			line, records := 0, 0
 			for sc.Scan() {
 				line++
 				bar.Add(len(sc.Bytes()) + 1)
@@ -397,19 +473,40 @@ import twice is harmless (the second run reports duplicates).`,
 				if text == "" {
 					continue
 				}
-				id, d, err := parseImportLine(text, ttl, time.Now())
+				r, err := parseImportLine(text, ttl, time.Now())
 				if err != nil {
 					return usagef("line %d: %v", line, err)
 				}
-				d = roundTTL(d, granularity, maxTTL)
-				if id == nil {
+				if r.header != nil {
+					if records > 0 || epoch != nil {
+						return usagef("line %d: an export header must be the file's first line", line)
+					}
+					// Before any lease is claimed: fencing tokens of this
+					// cluster must exceed the source's from here on.
+					e0 := r.header.FenceEpoch
+					epoch = &e0
+					if !keepEpoch {
+						got, err := raiseFenceEpoch(e.ctx, c, f, r.header.FenceEpoch+1)
+						if err != nil {
+							return err
+						}
+						epoch = &got
+					}
+					continue
+				}
+				records++
+				if r.expired {
 					stats.expired++
 					continue
 				}
 				stats.read++
-				groups[d] = append(groups[d], client.Item{ID: id})
-				if len(groups[d]) >= batch {
-					if err := flush(d); err != nil {
+				k := groupKey{leased: r.leased, d: r.ttl}
+				if !r.leased {
+					k.d = roundTTL(r.ttl, granularity, maxTTL)
+				}
+				groups[k] = append(groups[k], client.Item{ID: r.id, Digest: r.digest, RequestToken: r.token})
+				if len(groups[k]) >= batch {
+					if err := flush(k); err != nil {
 						return failed(err)
 					}
 				}
@@ -417,16 +514,23 @@ import twice is harmless (the second run reports duplicates).`,
 			if err := sc.Err(); err != nil {
 				return &opError{err: fmt.Errorf("read line %d: %w", line+1, err)}
 			}
-			for d := range groups {
-				if err := flush(d); err != nil {
+			for k := range groups {
+				if err := flush(k); err != nil {
 					return failed(err)
 				}
 			}
 			bar.Finish()
-			return report(e.stdout, f.output, map[string]any{"namespace": nsName(namespace), "ids": stats.read, "new": stats.new,
-				"duplicate": stats.dup, "conflict": stats.conflict, "skipped_expired": stats.expired},
-				"imported %d IDs into %s: %d new, %d duplicate, %d conflict; %d skipped as already expired",
-				stats.read, nsName(namespace), stats.new, stats.dup, stats.conflict, stats.expired)
+			fields := map[string]any{"namespace": nsName(namespace), "ids": stats.read, "new": stats.new,
+				"duplicate": stats.dup, "conflict": stats.conflict, "leased": stats.leased, "in_progress": stats.inProgress,
+				"skipped_expired": stats.expired}
+			epochNote := ""
+			if epoch != nil {
+				fields["fence_epoch"] = *epoch
+				epochNote = fmt.Sprintf("; fencing epoch %d", *epoch)
+			}
+			return report(e.stdout, f.output, fields,
+				"imported %d IDs into %s: %d new, %d duplicate, %d conflict, %d leased, %d in progress; %d skipped as already expired%s",
+				stats.read, nsName(namespace), stats.new, stats.dup, stats.conflict, stats.leased, stats.inProgress, stats.expired, epochNote)
 		}),
 	}
 	f.register(cmd)
@@ -437,7 +541,63 @@ import twice is harmless (the second run reports duplicates).`,
 	fs.Var(durationValue{&granularity}, "ttl-granularity", "round per-ID TTLs up to a multiple of this `DURATION`, so IDs with nearby expiries share a request")
 	fs.IntVar(&batch, "batch", 1000, "send at most `N` IDs per request")
 	fs.BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
+	fs.BoolVar(&keepEpoch, "keep-fence-epoch", false, "do not raise this cluster's fencing epoch past the export's (then its fencing tokens may be lower than the source cluster's)")
 	return cmd
+}
+
+// skipImported drops the items already recorded in the state they would
+// be imported in, with the request token they carry: a Mark (or Claim)
+// with that token would answer new (acquired) again, as a retry of the
+// call that recorded it, and a re-run of an import would report every
+// record as new. Items without a token need no look: Mark answers
+// duplicate for them.
+func skipImported(ctx context.Context, c *client.Client, ns string, items []client.Item, leased bool) ([]client.Item, error) {
+	var ids [][]byte
+	for _, it := range items {
+		if len(it.RequestToken) > 0 {
+			ids = append(ids, it.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return items, nil
+	}
+	res, err := c.Check(ctx, ns, ids, client.Linearizable)
+	if err != nil {
+		return nil, err
+	}
+	want := client.StateCommitted
+	if leased {
+		want = client.StateLeased
+	}
+	present := map[string]bool{}
+	for _, r := range res {
+		if r.Code == client.CodeSeen && r.Record != nil && r.Record.State == want {
+			present[string(r.ID)+"\x00"+string(r.Record.RequestToken)] = true
+		}
+	}
+	out := items[:0:0]
+	for _, it := range items {
+		if len(it.RequestToken) == 0 || !present[string(it.ID)+"\x00"+string(it.RequestToken)] {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// raiseFenceEpoch raises the cluster's fencing epoch to at least epoch and
+// returns the epoch in force.
+func raiseFenceEpoch(ctx context.Context, c *client.Client, f *clientFlags, epoch uint64) (uint64, error) {
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	got, err := c.RaiseFenceEpoch(ctx, epoch)
+	if errors.Is(err, client.ErrPermissionDenied) {
+		return 0, &opError{err: fmt.Errorf("raising the fencing epoch past the export's needs the admin right on \"*\": %w (no ID imported)", err),
+			hint: "use an admin token, or pass --keep-fence-epoch if nothing fences with this cluster's tokens"}
+	}
+	if err != nil {
+		return 0, explain(err, f, "")
+	}
+	return got, nil
 }
 
 // importTTLError rewords a TTL out of its namespace's range for import,
@@ -456,50 +616,106 @@ func importTTLError(err error) error {
 		hint: fmt.Sprintf("pass a shorter --ttl, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", e.Namespace)}
 }
 
-// parseImportLine returns the ID and TTL of one import line (0: the
-// default), or a nil ID for a record that has already expired.
-func parseImportLine(text string, defTTL time.Duration, now time.Time) ([]byte, time.Duration, error) {
+// importRec is one parsed import line.
+type importRec struct {
+	// header is set for export's header line (and nothing else is).
+	header *exportHeader
+	id     []byte
+	// ttl is the TTL, or for a lease the lease time left (0: the default).
+	ttl    time.Duration
+	leased bool
+	// expired: the record's expiry has passed (or is under a second away).
+	expired       bool
+	digest, token []byte
+}
+
+// parseImportLine parses one import line: a plain ID, an NDJSON record, or
+// export's header line.
+func parseImportLine(text string, defTTL time.Duration, now time.Time) (importRec, error) {
 	if !strings.HasPrefix(text, "{") {
-		return []byte(text), defTTL, nil
+		return importRec{id: []byte(text), ttl: defTTL}, nil
+	}
+	if strings.Contains(text, `"dedupnode_export"`) {
+		dec := json.NewDecoder(strings.NewReader(text))
+		dec.DisallowUnknownFields()
+		var h exportHeader
+		if err := dec.Decode(&h); err != nil {
+			return importRec{}, fmt.Errorf("export header: %w", err)
+		}
+		if h.Format != exportFormat {
+			return importRec{}, fmt.Errorf("export header: format %d, this version reads %d", h.Format, exportFormat)
+		}
+		if h.FenceEpoch > fsm.MaxFenceEpoch {
+			return importRec{}, fmt.Errorf("export header: fence_epoch %d exceeds %d", h.FenceEpoch, uint64(fsm.MaxFenceEpoch))
+		}
+		return importRec{header: &h}, nil
 	}
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.DisallowUnknownFields()
 	var l exportLine
 	if err := dec.Decode(&l); err != nil {
-		return nil, 0, fmt.Errorf("NDJSON: %w", err)
+		return importRec{}, fmt.Errorf("NDJSON: %w", err)
 	}
-	var id []byte
+	var r importRec
 	switch {
 	case l.ID != "" && l.IDB64 != "":
-		return nil, 0, errors.New(`give "id" or "id_b64", not both`)
+		return r, errors.New(`give "id" or "id_b64", not both`)
 	case l.ID != "":
-		id = []byte(l.ID)
+		r.id = []byte(l.ID)
 	case l.IDB64 != "":
 		b, err := base64.StdEncoding.DecodeString(l.IDB64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("id_b64: %w", err)
+			return r, fmt.Errorf("id_b64: %w", err)
 		}
-		id = b
+		r.id = b
 	default:
-		return nil, 0, errors.New(`missing "id"`)
+		return r, errors.New(`missing "id"`)
 	}
-	d := defTTL
+	switch l.State {
+	case "", "committed":
+	case "leased":
+		r.leased = true
+	default:
+		return r, fmt.Errorf(`state %q: want "committed" or "leased" (released leases answer as absent: leave them out)`, l.State)
+	}
+	for _, b := range []struct {
+		name, v string
+		dst     *[]byte
+		max     int
+	}{{"digest_b64", l.DigestB64, &r.digest, fsm.MaxDigestBytes}, {"token_b64", l.TokenB64, &r.token, fsm.MaxTokenBytes}} {
+		if b.v == "" {
+			continue
+		}
+		v, err := base64.StdEncoding.DecodeString(b.v)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", b.name, err)
+		}
+		if len(v) > b.max {
+			return r, fmt.Errorf("%s: %d bytes, at most %d", b.name, len(v), b.max)
+		}
+		*b.dst = v
+	}
+	r.ttl = defTTL
 	switch {
 	case l.TTL != "":
 		v, err := parseDuration(l.TTL)
 		if err != nil {
-			return nil, 0, fmt.Errorf("ttl: %w", err)
+			return r, fmt.Errorf("ttl: %w", err)
 		}
-		d = v
+		r.ttl = v
 	case l.TTLMs > 0:
-		d = time.Duration(l.TTLMs) * time.Millisecond
+		r.ttl = time.Duration(l.TTLMs) * time.Millisecond
 	case l.ExpiresUnixMs > 0:
-		d = time.UnixMilli(l.ExpiresUnixMs).Sub(now)
-		if d < time.Second {
-			return nil, 0, nil // expired, or too close to it to matter
+		r.ttl = time.UnixMilli(l.ExpiresUnixMs).Sub(now)
+		if r.ttl < time.Second {
+			r.expired = true // expired, or too close to it to matter
 		}
 	}
-	return id, d, nil
+	if r.leased && r.ttl > 0 {
+		// A lease keeps its expiry, to the second (never earlier).
+		r.ttl = (r.ttl + time.Second - 1) / time.Second * time.Second
+	}
+	return r, nil
 }
 
 // roundTTL rounds d up to a multiple of granularity, but not past maxTTL

@@ -61,8 +61,8 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(data), "\n"); n != 247 {
-		t.Fatalf("export wrote %d lines, want 247", n)
+	if n := strings.Count(string(data), "\n"); n != 248 {
+		t.Fatalf("export wrote %d lines, want a header and 247 records", n)
 	}
 	if !strings.Contains(string(data), `"id":"order-100","state":"committed"`) {
 		t.Fatalf("export lines look wrong: %.300s", data)
@@ -114,23 +114,35 @@ func TestParseImportLine(t *testing.T) {
 		{`{"id":"x","expires_unix_ms":999999000}`, "", 0, true},
 		{`{"id":"x"}`, "x", time.Hour, false},
 	} {
-		id, d, err := parseImportLine(c.in, time.Hour, now)
+		r, err := parseImportLine(c.in, time.Hour, now)
 		if err != nil {
 			t.Errorf("%s: %v", c.in, err)
 			continue
 		}
 		if c.expire {
-			if id != nil {
+			if !r.expired {
 				t.Errorf("%s: expired record not skipped", c.in)
 			}
 			continue
 		}
-		if string(id) != c.id || d != c.ttl {
-			t.Errorf("%s: got %q %v, want %q %v", c.in, id, d, c.id, c.ttl)
+		if string(r.id) != c.id || r.ttl != c.ttl || r.expired || r.leased {
+			t.Errorf("%s: got %+v, want %q %v", c.in, r, c.id, c.ttl)
 		}
 	}
-	for _, bad := range []string{`{"id":"x","id_b64":"eA=="}`, `{}`, `{"id":"x","extra":1}`, `{"id":"x","ttl":"soon"}`, `{"id_b64":"%%"}`} {
-		if _, _, err := parseImportLine(bad, 0, now); err == nil {
+	// A lease keeps its expiry to the second, never earlier, with its
+	// digest and token; the header names the source's fencing epoch.
+	r, err := parseImportLine(`{"id":"l","state":"leased","expires_unix_ms":1000090500,"digest_b64":"ZGc=","token_b64":"dG9r","fence":7}`, time.Hour, now)
+	if err != nil || !r.leased || r.ttl != 91*time.Second || string(r.digest) != "dg" || string(r.token) != "tok" {
+		t.Errorf("leased line: %+v %v", r, err)
+	}
+	r, err = parseImportLine(`{"dedupnode_export":1,"namespace":"orders","fence_epoch":4}`, time.Hour, now)
+	if err != nil || r.header == nil || r.header.FenceEpoch != 4 || r.id != nil {
+		t.Errorf("header line: %+v %v", r, err)
+	}
+	for _, bad := range []string{`{"id":"x","id_b64":"eA=="}`, `{}`, `{"id":"x","extra":1}`, `{"id":"x","ttl":"soon"}`, `{"id_b64":"%%"}`,
+		`{"id":"x","state":"released"}`, `{"id":"x","digest_b64":"%%"}`, `{"id":"x","token_b64":"` + strings.Repeat("QUFB", 22) + `"}`,
+		`{"dedupnode_export":2,"namespace":"x","fence_epoch":0}`, `{"dedupnode_export":1,"fence_epoch":70000}`} {
+		if _, err := parseImportLine(bad, 0, now); err == nil {
 			t.Errorf("%s: accepted", bad)
 		}
 	}

@@ -246,13 +246,20 @@ func (x *ExportRequest) GetNamespace() string {
 }
 
 type ExportedRecord struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Id              []byte                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	State           RecordState            `protobuf:"varint,2,opt,name=state,proto3,enum=dedup.v1.RecordState" json:"state,omitempty"`
-	FirstSeenUnixMs int64                  `protobuf:"varint,3,opt,name=first_seen_unix_ms,json=firstSeenUnixMs,proto3" json:"first_seen_unix_ms,omitempty"`
-	ExpiresUnixMs   int64                  `protobuf:"varint,4,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    []byte                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// COMMITTED, or LEASED (expires_unix_ms is then the lease's expiry).
+	State           RecordState `protobuf:"varint,2,opt,name=state,proto3,enum=dedup.v1.RecordState" json:"state,omitempty"`
+	FirstSeenUnixMs int64       `protobuf:"varint,3,opt,name=first_seen_unix_ms,json=firstSeenUnixMs,proto3" json:"first_seen_unix_ms,omitempty"`
+	ExpiresUnixMs   int64       `protobuf:"varint,4,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	// The payload digest and request token recorded with the ID (empty if
+	// none).
+	Digest       []byte `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	RequestToken []byte `protobuf:"bytes,6,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
+	// The fencing token of the ID's latest claim (0 if never claimed).
+	FencingToken  uint64 `protobuf:"varint,7,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExportedRecord) Reset() {
@@ -313,11 +320,39 @@ func (x *ExportedRecord) GetExpiresUnixMs() int64 {
 	return 0
 }
 
+func (x *ExportedRecord) GetDigest() []byte {
+	if x != nil {
+		return x.Digest
+	}
+	return nil
+}
+
+func (x *ExportedRecord) GetRequestToken() []byte {
+	if x != nil {
+		return x.RequestToken
+	}
+	return nil
+}
+
+func (x *ExportedRecord) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
 type ExportChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*ExportedRecord      `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Records []*ExportedRecord      `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// Set on the first chunk: the exporting cluster's fencing epoch.
+	FenceEpoch uint64 `protobuf:"varint,2,opt,name=fence_epoch,json=fenceEpoch,proto3" json:"fence_epoch,omitempty"`
+	// Set on the last chunk: records of the namespace not exported because
+	// they answer as absent — released leases not yet forgotten, and
+	// records (or leases) whose expiry has passed.
+	SkippedReleased uint64 `protobuf:"varint,3,opt,name=skipped_released,json=skippedReleased,proto3" json:"skipped_released,omitempty"`
+	SkippedExpired  uint64 `protobuf:"varint,4,opt,name=skipped_expired,json=skippedExpired,proto3" json:"skipped_expired,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExportChunk) Reset() {
@@ -357,6 +392,117 @@ func (x *ExportChunk) GetRecords() []*ExportedRecord {
 	return nil
 }
 
+func (x *ExportChunk) GetFenceEpoch() uint64 {
+	if x != nil {
+		return x.FenceEpoch
+	}
+	return 0
+}
+
+func (x *ExportChunk) GetSkippedReleased() uint64 {
+	if x != nil {
+		return x.SkippedReleased
+	}
+	return 0
+}
+
+func (x *ExportChunk) GetSkippedExpired() uint64 {
+	if x != nil {
+		return x.SkippedExpired
+	}
+	return 0
+}
+
+type RaiseFenceEpochRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The epoch to raise to (at most 65535); a lower one changes nothing.
+	AtLeast       uint64 `protobuf:"varint,1,opt,name=at_least,json=atLeast,proto3" json:"at_least,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaiseFenceEpochRequest) Reset() {
+	*x = RaiseFenceEpochRequest{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaiseFenceEpochRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaiseFenceEpochRequest) ProtoMessage() {}
+
+func (x *RaiseFenceEpochRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaiseFenceEpochRequest.ProtoReflect.Descriptor instead.
+func (*RaiseFenceEpochRequest) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RaiseFenceEpochRequest) GetAtLeast() uint64 {
+	if x != nil {
+		return x.AtLeast
+	}
+	return 0
+}
+
+type RaiseFenceEpochResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster's fencing epoch after the call.
+	FenceEpoch    uint64 `protobuf:"varint,1,opt,name=fence_epoch,json=fenceEpoch,proto3" json:"fence_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaiseFenceEpochResponse) Reset() {
+	*x = RaiseFenceEpochResponse{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaiseFenceEpochResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaiseFenceEpochResponse) ProtoMessage() {}
+
+func (x *RaiseFenceEpochResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaiseFenceEpochResponse.ProtoReflect.Descriptor instead.
+func (*RaiseFenceEpochResponse) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RaiseFenceEpochResponse) GetFenceEpoch() uint64 {
+	if x != nil {
+		return x.FenceEpoch
+	}
+	return 0
+}
+
 type DigestRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -365,7 +511,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	mi := &file_dedup_v1_ops_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +523,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	mi := &file_dedup_v1_ops_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +536,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{7}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{9}
 }
 
 type DigestResponse struct {
@@ -415,7 +561,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	mi := &file_dedup_v1_ops_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +573,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	mi := &file_dedup_v1_ops_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +586,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{8}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DigestResponse) GetNodeId() string {
@@ -506,14 +652,26 @@ const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x04R\x04term\"-\n" +
 	"\rExportRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xa2\x01\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x84\x02\n" +
 	"\x0eExportedRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.dedup.v1.RecordStateR\x05state\x12+\n" +
 	"\x12first_seen_unix_ms\x18\x03 \x01(\x03R\x0ffirstSeenUnixMs\x12&\n" +
-	"\x0fexpires_unix_ms\x18\x04 \x01(\x03R\rexpiresUnixMs\"A\n" +
+	"\x0fexpires_unix_ms\x18\x04 \x01(\x03R\rexpiresUnixMs\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\fR\x06digest\x12#\n" +
+	"\rrequest_token\x18\x06 \x01(\fR\frequestToken\x12#\n" +
+	"\rfencing_token\x18\a \x01(\x04R\ffencingToken\"\xb6\x01\n" +
 	"\vExportChunk\x122\n" +
-	"\arecords\x18\x01 \x03(\v2\x18.dedup.v1.ExportedRecordR\arecords\"\x0f\n" +
+	"\arecords\x18\x01 \x03(\v2\x18.dedup.v1.ExportedRecordR\arecords\x12\x1f\n" +
+	"\vfence_epoch\x18\x02 \x01(\x04R\n" +
+	"fenceEpoch\x12)\n" +
+	"\x10skipped_released\x18\x03 \x01(\x04R\x0fskippedReleased\x12'\n" +
+	"\x0fskipped_expired\x18\x04 \x01(\x04R\x0eskippedExpired\"3\n" +
+	"\x16RaiseFenceEpochRequest\x12\x19\n" +
+	"\bat_least\x18\x01 \x01(\x04R\aatLeast\":\n" +
+	"\x17RaiseFenceEpochResponse\x12\x1f\n" +
+	"\vfence_epoch\x18\x01 \x01(\x04R\n" +
+	"fenceEpoch\"\x0f\n" +
 	"\rDigestRequest\"\xe8\x01\n" +
 	"\x0eDigestResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -522,11 +680,12 @@ const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\fapplied_term\x18\x04 \x01(\x04R\vappliedTerm\x12\x18\n" +
 	"\arecords\x18\x05 \x01(\x04R\arecords\x12\x12\n" +
 	"\x04keys\x18\x06 \x01(\x04R\x04keys\x12/\n" +
-	"\x14last_applied_unix_ms\x18\a \x01(\x03R\x11lastAppliedUnixMs2\xfa\x01\n" +
+	"\x14last_applied_unix_ms\x18\a \x01(\x03R\x11lastAppliedUnixMs2\xd2\x02\n" +
 	"\x03Ops\x12>\n" +
 	"\aPromote\x12\x18.dedup.v1.PromoteRequest\x1a\x19.dedup.v1.PromoteResponse\x12:\n" +
 	"\x06Backup\x12\x17.dedup.v1.BackupRequest\x1a\x15.dedup.v1.BackupChunk0\x01\x12:\n" +
-	"\x06Export\x12\x17.dedup.v1.ExportRequest\x1a\x15.dedup.v1.ExportChunk0\x01\x12;\n" +
+	"\x06Export\x12\x17.dedup.v1.ExportRequest\x1a\x15.dedup.v1.ExportChunk0\x01\x12V\n" +
+	"\x0fRaiseFenceEpoch\x12 .dedup.v1.RaiseFenceEpochRequest\x1a!.dedup.v1.RaiseFenceEpochResponse\x12;\n" +
 	"\x06Digest\x12\x17.dedup.v1.DigestRequest\x1a\x18.dedup.v1.DigestResponseB5Z3github.com/dedupnode/dedupnode/api/dedup/v1;dedupv1b\x06proto3"
 
 var (
@@ -541,35 +700,39 @@ func file_dedup_v1_ops_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_ops_proto_rawDescData
 }
 
-var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_dedup_v1_ops_proto_goTypes = []any{
-	(*PromoteRequest)(nil),  // 0: dedup.v1.PromoteRequest
-	(*PromoteResponse)(nil), // 1: dedup.v1.PromoteResponse
-	(*BackupRequest)(nil),   // 2: dedup.v1.BackupRequest
-	(*BackupChunk)(nil),     // 3: dedup.v1.BackupChunk
-	(*ExportRequest)(nil),   // 4: dedup.v1.ExportRequest
-	(*ExportedRecord)(nil),  // 5: dedup.v1.ExportedRecord
-	(*ExportChunk)(nil),     // 6: dedup.v1.ExportChunk
-	(*DigestRequest)(nil),   // 7: dedup.v1.DigestRequest
-	(*DigestResponse)(nil),  // 8: dedup.v1.DigestResponse
-	(RecordState)(0),        // 9: dedup.v1.RecordState
+	(*PromoteRequest)(nil),          // 0: dedup.v1.PromoteRequest
+	(*PromoteResponse)(nil),         // 1: dedup.v1.PromoteResponse
+	(*BackupRequest)(nil),           // 2: dedup.v1.BackupRequest
+	(*BackupChunk)(nil),             // 3: dedup.v1.BackupChunk
+	(*ExportRequest)(nil),           // 4: dedup.v1.ExportRequest
+	(*ExportedRecord)(nil),          // 5: dedup.v1.ExportedRecord
+	(*ExportChunk)(nil),             // 6: dedup.v1.ExportChunk
+	(*RaiseFenceEpochRequest)(nil),  // 7: dedup.v1.RaiseFenceEpochRequest
+	(*RaiseFenceEpochResponse)(nil), // 8: dedup.v1.RaiseFenceEpochResponse
+	(*DigestRequest)(nil),           // 9: dedup.v1.DigestRequest
+	(*DigestResponse)(nil),          // 10: dedup.v1.DigestResponse
+	(RecordState)(0),                // 11: dedup.v1.RecordState
 }
 var file_dedup_v1_ops_proto_depIdxs = []int32{
-	9, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
-	5, // 1: dedup.v1.ExportChunk.records:type_name -> dedup.v1.ExportedRecord
-	0, // 2: dedup.v1.Ops.Promote:input_type -> dedup.v1.PromoteRequest
-	2, // 3: dedup.v1.Ops.Backup:input_type -> dedup.v1.BackupRequest
-	4, // 4: dedup.v1.Ops.Export:input_type -> dedup.v1.ExportRequest
-	7, // 5: dedup.v1.Ops.Digest:input_type -> dedup.v1.DigestRequest
-	1, // 6: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
-	3, // 7: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
-	6, // 8: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
-	8, // 9: dedup.v1.Ops.Digest:output_type -> dedup.v1.DigestResponse
-	6, // [6:10] is the sub-list for method output_type
-	2, // [2:6] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	11, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
+	5,  // 1: dedup.v1.ExportChunk.records:type_name -> dedup.v1.ExportedRecord
+	0,  // 2: dedup.v1.Ops.Promote:input_type -> dedup.v1.PromoteRequest
+	2,  // 3: dedup.v1.Ops.Backup:input_type -> dedup.v1.BackupRequest
+	4,  // 4: dedup.v1.Ops.Export:input_type -> dedup.v1.ExportRequest
+	7,  // 5: dedup.v1.Ops.RaiseFenceEpoch:input_type -> dedup.v1.RaiseFenceEpochRequest
+	9,  // 6: dedup.v1.Ops.Digest:input_type -> dedup.v1.DigestRequest
+	1,  // 7: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
+	3,  // 8: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
+	6,  // 9: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
+	8,  // 10: dedup.v1.Ops.RaiseFenceEpoch:output_type -> dedup.v1.RaiseFenceEpochResponse
+	10, // 11: dedup.v1.Ops.Digest:output_type -> dedup.v1.DigestResponse
+	7,  // [7:12] is the sub-list for method output_type
+	2,  // [2:7] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_ops_proto_init() }
@@ -584,7 +747,7 @@ func file_dedup_v1_ops_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_ops_proto_rawDesc), len(file_dedup_v1_ops_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,10 +22,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Ops_Promote_FullMethodName = "/dedup.v1.Ops/Promote"
-	Ops_Backup_FullMethodName  = "/dedup.v1.Ops/Backup"
-	Ops_Export_FullMethodName  = "/dedup.v1.Ops/Export"
-	Ops_Digest_FullMethodName  = "/dedup.v1.Ops/Digest"
+	Ops_Promote_FullMethodName         = "/dedup.v1.Ops/Promote"
+	Ops_Backup_FullMethodName          = "/dedup.v1.Ops/Backup"
+	Ops_Export_FullMethodName          = "/dedup.v1.Ops/Export"
+	Ops_RaiseFenceEpoch_FullMethodName = "/dedup.v1.Ops/RaiseFenceEpoch"
+	Ops_Digest_FullMethodName          = "/dedup.v1.Ops/Digest"
 )
 
 // OpsClient is the client API for Ops service.
@@ -44,8 +45,17 @@ type OpsClient interface {
 	// (with its SHA-256); `dedupnode restore` seeds a new cluster from them.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
 	// Export streams the live records of one namespace (not expired, not
-	// released) as of a linearizable read barrier.
+	// released) as of a linearizable read barrier: committed records and
+	// live leases, with their digests, request tokens and fencing tokens.
+	// The first chunk (always sent) carries the cluster's fencing epoch; the
+	// last one counts the records left out because they answer as absent.
 	Export(ctx context.Context, in *ExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
+	// RaiseFenceEpoch raises the cluster's fencing epoch (the high 16 bits of
+	// every fencing token granted afterwards) to at least at_least, through
+	// the Raft log, and returns the epoch in force. An import of another
+	// cluster's export raises it past the source's epoch, so that fencing
+	// tokens never go backwards. Forwarded to the leader.
+	RaiseFenceEpoch(ctx context.Context, in *RaiseFenceEpochRequest, opts ...grpc.CallOption) (*RaiseFenceEpochResponse, error)
 	// Digest returns a SHA-256 over this node's whole replicated state (every
 	// key and value of its state machine: namespaces, records, bucket counts,
 	// the node table, the applied index and term, the last leader timestamp),
@@ -114,6 +124,16 @@ func (c *opsClient) Export(ctx context.Context, in *ExportRequest, opts ...grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Ops_ExportClient = grpc.ServerStreamingClient[ExportChunk]
 
+func (c *opsClient) RaiseFenceEpoch(ctx context.Context, in *RaiseFenceEpochRequest, opts ...grpc.CallOption) (*RaiseFenceEpochResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RaiseFenceEpochResponse)
+	err := c.cc.Invoke(ctx, Ops_RaiseFenceEpoch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *opsClient) Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DigestResponse)
@@ -140,8 +160,17 @@ type OpsServer interface {
 	// (with its SHA-256); `dedupnode restore` seeds a new cluster from them.
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
 	// Export streams the live records of one namespace (not expired, not
-	// released) as of a linearizable read barrier.
+	// released) as of a linearizable read barrier: committed records and
+	// live leases, with their digests, request tokens and fencing tokens.
+	// The first chunk (always sent) carries the cluster's fencing epoch; the
+	// last one counts the records left out because they answer as absent.
 	Export(*ExportRequest, grpc.ServerStreamingServer[ExportChunk]) error
+	// RaiseFenceEpoch raises the cluster's fencing epoch (the high 16 bits of
+	// every fencing token granted afterwards) to at least at_least, through
+	// the Raft log, and returns the epoch in force. An import of another
+	// cluster's export raises it past the source's epoch, so that fencing
+	// tokens never go backwards. Forwarded to the leader.
+	RaiseFenceEpoch(context.Context, *RaiseFenceEpochRequest) (*RaiseFenceEpochResponse, error)
 	// Digest returns a SHA-256 over this node's whole replicated state (every
 	// key and value of its state machine: namespaces, records, bucket counts,
 	// the node table, the applied index and term, the last leader timestamp),
@@ -170,6 +199,9 @@ func (UnimplementedOpsServer) Backup(*BackupRequest, grpc.ServerStreamingServer[
 }
 func (UnimplementedOpsServer) Export(*ExportRequest, grpc.ServerStreamingServer[ExportChunk]) error {
 	return status.Error(codes.Unimplemented, "method Export not implemented")
+}
+func (UnimplementedOpsServer) RaiseFenceEpoch(context.Context, *RaiseFenceEpochRequest) (*RaiseFenceEpochResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RaiseFenceEpoch not implemented")
 }
 func (UnimplementedOpsServer) Digest(context.Context, *DigestRequest) (*DigestResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Digest not implemented")
@@ -235,6 +267,24 @@ func _Ops_Export_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Ops_ExportServer = grpc.ServerStreamingServer[ExportChunk]
 
+func _Ops_RaiseFenceEpoch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RaiseFenceEpochRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OpsServer).RaiseFenceEpoch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ops_RaiseFenceEpoch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OpsServer).RaiseFenceEpoch(ctx, req.(*RaiseFenceEpochRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Ops_Digest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DigestRequest)
 	if err := dec(in); err != nil {
@@ -263,6 +313,10 @@ var Ops_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Promote",
 			Handler:    _Ops_Promote_Handler,
+		},
+		{
+			MethodName: "RaiseFenceEpoch",
+			Handler:    _Ops_RaiseFenceEpoch_Handler,
 		},
 		{
 			MethodName: "Digest",
