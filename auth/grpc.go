@@ -48,6 +48,11 @@ var Methods = map[string]Rule{
 	dedupv1.Dedup_Renew_FullMethodName:   {Write, ScopeNamespace},
 	dedupv1.Dedup_Release_FullMethodName: {Write, ScopeNamespace},
 	dedupv1.Dedup_Forget_FullMethodName:  {Write, ScopeNamespace},
+	// Opening a stream needs a right to read or write; each call it carries
+	// is then checked as the unary call of its kind by
+	// UnaryServerInterceptor, which the server runs around every carried
+	// call (server.Config.CallInterceptors).
+	dedupv1.Dedup_Stream_FullMethodName: {Read | Write, ScopeAny},
 
 	dedupv1.Admin_CreateNamespace_FullMethodName:   {Admin, ScopeNamespace},
 	dedupv1.Admin_UpdateNamespace_FullMethodName:   {Admin, ScopeNamespace},
@@ -214,7 +219,10 @@ func (a *Authorizer) refused(method, who, why string) {
 }
 
 // UnaryServerInterceptor checks every unary call and puts the caller in
-// the handler's context (FromContext).
+// the handler's context (FromContext). Give it to the server as a call
+// interceptor (server.Config.CallInterceptors), not as a plain gRPC
+// option: then it also checks every call carried on a Dedup.Stream, which
+// the stream interceptor admits on any read or write right.
 func (a *Authorizer) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		p, err := a.Authorize(ctx, info.FullMethod, req)

@@ -38,7 +38,7 @@ func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &coalescing{c: c, b: c.NewBatcher()}, nil
+	return &coalescing{c: c, b: c.NewBatcher(client.WithBatchTransport(cfg.transport()))}, nil
 }
 
 // stats describes the RPCs the Batcher sent, for the result's note.

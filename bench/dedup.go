@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/client"
 )
 
 // Workloads of `dedupnode bench`.
@@ -61,6 +62,14 @@ type Config struct {
 	// Coalesce sends every ID as its own call through one client.Batcher
 	// (see coalescing) instead of one raw gRPC call per caller call.
 	Coalesce bool
+	// Transport "unary" (default) sends each call as its own RPC;
+	// "stream" sends the calls as messages on one Dedup.Stream per
+	// connection (client.Pipeline), shared by the callers that use it.
+	// With Coalesce it is the Batcher's transport.
+	Transport string
+	// Window caps the calls in flight on one stream (0: the client's
+	// default).
+	Window int
 }
 
 func (c *Config) defaults() error {
@@ -124,10 +133,21 @@ func (c *Config) defaults() error {
 	default:
 		return fmt.Errorf("unknown target %q (leader or any)", c.Target)
 	}
+	if c.Transport == "" {
+		c.Transport = "unary"
+	}
+	if _, err := client.ParseTransport(c.Transport); err != nil {
+		return err
+	}
 	if c.Label == "" {
 		c.Label = c.Workload
 	}
 	return nil
+}
+
+func (c *Config) transport() client.Transport {
+	t, _ := client.ParseTransport(c.Transport)
+	return t
 }
 
 func (c *Config) consistency() dedupv1.Consistency {
@@ -139,9 +159,26 @@ func (c *Config) consistency() dedupv1.Consistency {
 
 func (c *Config) isWrite() bool { return c.Workload != CheckHit && c.Workload != CheckMiss }
 
-// conns is a set of gRPC connections handed to workers round robin.
+// conns is a set of gRPC connections handed to workers round robin, with
+// a client.Pipeline on each for the stream transport.
 type conns struct {
-	all []*grpc.ClientConn
+	all   []*grpc.ClientConn
+	pipes []*client.Pipeline
+}
+
+// pipeline opens a Pipeline on every connection.
+func (cs *conns) pipeline(window int) {
+	for _, c := range cs.all {
+		cs.pipes = append(cs.pipes, client.NewPipeline(c, window))
+	}
+}
+
+// dedup returns worker i's Dedup client: a Pipeline when streaming.
+func (cs *conns) dedup(i int) dedupv1.DedupClient {
+	if len(cs.pipes) > 0 {
+		return cs.pipes[i%len(cs.pipes)]
+	}
+	return dedupv1.NewDedupClient(cs.get(i))
 }
 
 func dial(addrs []string, perAddr int) (*conns, error) {
@@ -178,6 +215,9 @@ func (cs *conns) warm(ctx context.Context, timeout time.Duration) {
 }
 
 func (cs *conns) close() {
+	for _, p := range cs.pipes {
+		_ = p.Close()
+	}
 	for _, c := range cs.all {
 		_ = c.Close()
 	}
@@ -299,6 +339,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer cs.close()
 	cs.warm(ctx, 5*time.Second)
+	if cfg.transport() == client.TransportStream && !cfg.Coalesce {
+		cs.pipeline(cfg.Window)
+	}
 	if cfg.CreateNamespace {
 		if err := EnsureNamespace(ctx, cs.get(0), cfg.Namespace, cfg.TTL); err != nil {
 			return nil, err
@@ -322,6 +365,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		IDSize:      cfg.IDSize,
 		TTLSec:      cfg.TTL.Seconds(),
 		StartedAt:   time.Now().UTC().Format(time.RFC3339),
+		Transport:   cfg.Transport,
 	}
 	if !cfg.isWrite() {
 		res.Consistency = cfg.Consistency
@@ -341,7 +385,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		OnMeasure:   cfg.OnMeasure,
 	}
 	newOp := func(w int) (Op, error) {
-		return newDedupOp(cfg, cs.get(w), NewIDGen(seed, w, cfg.IDSize), hits), nil
+		return newDedupOp(cfg, cs.dedup(w), NewIDGen(seed, w, cfg.IDSize), hits), nil
 	}
 	var co *coalescing
 	if cfg.Coalesce {
@@ -445,8 +489,7 @@ func preload(ctx context.Context, cfg Config, cs *conns, seed uint64) ([][]byte,
 }
 
 // newDedupOp returns the op of one worker for cfg.Workload.
-func newDedupOp(cfg Config, cc grpc.ClientConnInterface, gen *IDGen, hits [][]byte) Op {
-	cl := dedupv1.NewDedupClient(cc)
+func newDedupOp(cfg Config, cl dedupv1.DedupClient, gen *IDGen, hits [][]byte) Op {
 	ttl := cfg.TTL.Milliseconds()
 	timeout := cfg.Timeout
 	batch := make([][]byte, cfg.Batch)

@@ -102,6 +102,7 @@ type Result struct {
 	System      string  `json:"system,omitempty"`
 	Workload    string  `json:"workload"`
 	Variant     string  `json:"variant,omitempty"`
+	Transport   string  `json:"transport,omitempty"`
 	Concurrency int     `json:"concurrency"`
 	Batch       int     `json:"batch"`
 	IDSize      int     `json:"id_size"`

@@ -38,6 +38,7 @@ type batcherOptions struct {
 	linger      time.Duration
 	maxBatch    int
 	maxInflight int
+	transport   Transport
 }
 
 // WithLinger makes each call wait up to d for others to join its batch
@@ -58,6 +59,15 @@ func WithMaxBatch(n int) BatcherOption {
 // (values < 1 mean 1). Default DefaultBatchInflight (4).
 func WithMaxInflight(n int) BatcherOption {
 	return func(o *batcherOptions) { o.maxInflight = max(n, 1) }
+}
+
+// WithBatchTransport sets how the Batcher sends its batches:
+// TransportStream (the default: every batch is a message on the node's
+// Dedup.Stream, shared with the Client's other streamed calls) or
+// TransportUnary (one RPC per batch). A node that does not serve
+// Dedup.Stream gets unary RPCs either way.
+func WithBatchTransport(t Transport) BatcherOption {
+	return func(o *batcherOptions) { o.transport = t }
 }
 
 // Batcher coalesces single-ID calls made concurrently by many goroutines
@@ -112,7 +122,7 @@ type BatcherStats struct {
 
 // NewBatcher returns a Batcher sending through c.
 func (c *Client) NewBatcher(opts ...BatcherOption) *Batcher {
-	o := batcherOptions{linger: DefaultBatchLinger, maxBatch: DefaultMaxBatch, maxInflight: DefaultBatchInflight}
+	o := batcherOptions{linger: DefaultBatchLinger, maxBatch: DefaultMaxBatch, maxInflight: DefaultBatchInflight, transport: TransportStream}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -353,7 +363,7 @@ func (b *Batcher) send(key groupKey, batch []*call) {
 	}
 	ctx, cleanup := batchContext(live)
 	defer cleanup()
-	b.sendSplitting(ctx, key, live)
+	b.sendSplitting(withTransport(ctx, b.opts.transport), key, live)
 }
 
 // sendSplitting sends calls as one RPC; when the server rejects the whole

@@ -45,6 +45,7 @@ type Client struct {
 	// when the discovery ends.
 	discovering chan struct{}
 	closed      bool
+	pipes       map[*grpc.ClientConn]*Pipeline // TransportStream, per node
 }
 
 // New returns a client for the cluster whose nodes listen on addrs
@@ -87,6 +88,10 @@ func (c *Client) Close() error {
 	defer c.mu.Unlock()
 	c.closed = true
 	var errs []error
+	for cc, p := range c.pipes {
+		errs = append(errs, p.Close())
+		delete(c.pipes, cc)
+	}
 	for a, cc := range c.conns {
 		errs = append(errs, cc.Close())
 		delete(c.conns, a)

@@ -24,7 +24,7 @@ func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, cons
 	}
 	var resp *dedupv1.CheckResponse
 	err := c.invoke(ctx, "check", t, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = dedupv1.NewDedupClient(cc).Check(ctx, req)
+		resp, err = c.dedup(ctx, cc).Check(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -65,7 +65,7 @@ func (c *Client) Mark(ctx context.Context, namespace string, items []Item, ttl t
 	}
 	var resp *dedupv1.MarkResponse
 	err := c.invoke(ctx, "mark", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = dedupv1.NewDedupClient(cc).Mark(ctx, req)
+		resp, err = c.dedup(ctx, cc).Mark(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -101,7 +101,7 @@ func (c *Client) Claim(ctx context.Context, namespace string, items []Item, leas
 	}
 	var resp *dedupv1.ClaimResponse
 	err := c.invoke(ctx, "claim", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = dedupv1.NewDedupClient(cc).Claim(ctx, req)
+		resp, err = c.dedup(ctx, cc).Claim(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -151,7 +151,7 @@ func (c *Client) Forget(ctx context.Context, namespace string, ids [][]byte) ([]
 	req := &dedupv1.ForgetRequest{Namespace: namespace, Ids: ids}
 	var resp *dedupv1.ForgetResponse
 	err := c.invoke(ctx, "forget", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = dedupv1.NewDedupClient(cc).Forget(ctx, req)
+		resp, err = c.dedup(ctx, cc).Forget(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -174,7 +174,7 @@ func (c *Client) Forget(ctx context.Context, namespace string, ids [][]byte) ([]
 func (c *Client) leaseCall(ctx context.Context, op string, leases []Lease, call func(context.Context, dedupv1.DedupClient) (*dedupv1.LeaseResponse, error)) ([]Result, error) {
 	var resp *dedupv1.LeaseResponse
 	err := c.invoke(ctx, op, toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = call(ctx, dedupv1.NewDedupClient(cc))
+		resp, err = call(ctx, c.dedup(ctx, cc))
 		return err
 	})
 	if err != nil {

@@ -33,6 +33,8 @@ type options struct {
 	tls         *tls.Config
 	logger      *slog.Logger
 	retryIf     func(error) bool
+	transport   Transport
+	window      int
 }
 
 func defaultOptions() options {
@@ -105,6 +107,16 @@ func (t bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]
 }
 
 func (t bearerToken) RequireTransportSecurity() bool { return false }
+
+// WithTransport sets how the Client sends Dedup calls: TransportUnary (the
+// default: one RPC per call) or TransportStream (calls from all goroutines
+// share one Dedup.Stream per node, with at most window in flight on it;
+// window < 1 means DefaultPipelineWindow). Retries, errors and answers are
+// the same either way. A Batcher uses TransportStream unless told
+// otherwise (WithBatchTransport).
+func WithTransport(t Transport, window int) Option {
+	return func(o *options) { o.transport, o.window = t, window }
+}
 
 // WithLogger makes the client log retries and leader changes at DEBUG level.
 // Default: no logging.

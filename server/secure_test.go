@@ -94,8 +94,8 @@ func secureConfig(t *testing.T, p securePKI, id, dataDir string, raftLn, grpcLn 
 	cfg.Cluster.WrapRaftStream = func(inner raft.StreamLayer) raft.StreamLayer {
 		return security.WrapStreamLayer(inner, rsrv, rcli)
 	}
-	cfg.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)),
-		grpc.ChainUnaryInterceptor(authz.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())}
+	cfg.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())}
+	cfg.CallInterceptors = []grpc.UnaryServerInterceptor{authz.UnaryServerInterceptor()}
 	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}
 	cfg.AdminListener = listenTCP(t)
 	return cfg

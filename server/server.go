@@ -55,8 +55,17 @@ type Config struct {
 	// than the request's own deadline).
 	LeaderWait time.Duration
 	// ServerOptions are added to the gRPC server (interceptors, TLS
-	// credentials, ...), after the message size limits.
+	// credentials, ...), after the message size limits. Unary interceptors
+	// given here see unary calls only; those that must see every Dedup call
+	// (access control) go in CallInterceptors.
 	ServerOptions []grpc.ServerOption
+	// CallInterceptors run, in order, around every unary call and around
+	// every call carried on a Dedup.Stream (each with the FullMethod of the
+	// unary RPC of its kind), after the metrics interceptor.
+	CallInterceptors []grpc.UnaryServerInterceptor
+	// StreamInflight is how many calls of one Dedup.Stream run at once
+	// (default DefaultStreamInflight).
+	StreamInflight int
 	// DialOptions are used for connections to other nodes (forwarding,
 	// read index, join, promotion probes), after the defaults (insecure
 	// transport, message size limits), so transport credentials given here
@@ -96,6 +105,12 @@ type Server struct {
 
 	reads remoteReads // follower read-index RPCs shared between reads
 
+	// callChain is the unary interceptor chain (metrics, then
+	// CallInterceptors) that Stream runs each carried call through.
+	callChain grpc.UnaryServerInterceptor
+	checkHandler, markHandler, claimHandler, commitHandler,
+	renewHandler, releaseHandler, forgetHandler grpc.UnaryHandler
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	serveErr  chan error
@@ -118,6 +133,9 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.LeaderWait <= 0 {
 		cfg.LeaderWait = 3 * time.Second
+	}
+	if cfg.StreamInflight <= 0 {
+		cfg.StreamInflight = DefaultStreamInflight
 	}
 	logger := cfg.Cluster.Logger
 	if logger == nil {
@@ -151,9 +169,12 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Source: metrics.SourceFunc(s.metricsSnapshot)})
 	msg := maxMsgBytes(cfg.MaxBatch)
 	// The metrics interceptors come first, so calls that later interceptors
-	// (access control from ServerOptions) refuse are counted too.
+	// (access control) refuse are counted too.
+	calls := append([]grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor()}, cfg.CallInterceptors...)
+	s.callChain = chainUnary(calls)
+	s.initHandlers()
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg),
-		grpc.ChainUnaryInterceptor(s.metrics.UnaryServerInterceptor()),
+		grpc.ChainUnaryInterceptor(calls...),
 		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)

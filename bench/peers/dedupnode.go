@@ -47,12 +47,33 @@ func dedupnodeBatcherSystem(nodes int, quick, full []Case) system {
 	return s
 }
 
+// dedupnodeStreamSystem is dedupnode with every call a message on one
+// Dedup.Stream per connection (bench --transport stream) instead of a
+// unary RPC.
+func dedupnodeStreamSystem(nodes int, quick, full []Case) system {
+	s := dedupnodeSystem(nodes, quick, full)
+	s.Key += "-stream"
+	s.Name += ", streamed calls"
+	s.Detail = "as the row without streamed calls, but every call is a message on one Dedup.Stream per connection " +
+		"(bench --transport stream), shared by the callers, instead of a unary RPC"
+	s.Start = func(ctx context.Context, e *env) (Instance, error) {
+		inst, err := startDedupnode(ctx, e, nodes, s.Key)
+		if err != nil {
+			return nil, err
+		}
+		inst.transport = "stream"
+		return inst, nil
+	}
+	return s
+}
+
 type dedupInst struct {
-	ps       []*proc
-	addrs    []string
-	sys      string
-	conns    int
-	coalesce bool
+	ps        []*proc
+	addrs     []string
+	sys       string
+	conns     int
+	coalesce  bool
+	transport string
 }
 
 // startDedupnode starts a cluster of nodes for the system named sys (its
@@ -158,6 +179,7 @@ func (d *dedupInst) Run(ctx context.Context, c Case, rc runCfg) (*bench.Result, 
 		Preload:         100_000,
 		CreateNamespace: true,
 		Coalesce:        d.coalesce,
+		Transport:       d.transport,
 		Progress:        rc.Progress,
 		Label:           fmt.Sprintf("%-22s %-10s b%-3d", d.sys, c.Workload, c.Batch),
 		OnMeasure: func(start bool) {

@@ -94,6 +94,8 @@ func systems() []system {
 	return []system{
 		dedupnodeSystem(3, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1, mixed16, hit16, cc16}),
 		dedupnodeSystem(1, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1, mixed16, hit16, cc16}),
+		dedupnodeStreamSystem(3, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1}),
+		dedupnodeStreamSystem(1, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1}),
 		dedupnodeBatcherSystem(3, []Case{mark1, miss1, miss16}, []Case{mark16, mark1, miss16, miss1}),
 		redisSystem("always", []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1}),
 		redisSystem("everysec", []Case{mark16, mark1}, []Case{mark16, mark1}),

@@ -151,6 +151,8 @@ func newBenchCmd() *cobra.Command {
 	fs.BoolVar(&cfg.CreateNamespace, "create-namespace", true, "create --namespace when the cluster does not know it")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (a table) or json (one object)")
 	fs.BoolVar(&cfg.Coalesce, "coalesce", false, "send every ID as its own call through the Go client's Batcher, which merges concurrent calls into few RPCs (mark-new, mark-mixed, check-hit, check-miss)")
+	fs.StringVar(&cfg.Transport, "transport", "unary", "`TRANSPORT` of the calls: unary (one RPC each) or stream (messages on one Dedup.Stream per connection, shared by the callers; with --coalesce, the Batcher's)")
+	fs.IntVar(&cfg.Window, "window", 0, "stream transport: calls in flight per stream (`N`, 0: the client's default of 64)")
 	fs.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a Go CPU profile of the load generator to `FILE` (read with 'go tool pprof FILE')")
 	return cmd

@@ -394,8 +394,10 @@ func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 				return usagef("%v", err)
 			}
 		}
-		cfg.ServerOptions = append(cfg.ServerOptions,
-			grpc.ChainUnaryInterceptor(a.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(a.StreamServerInterceptor()))
+		// As a call interceptor it also checks every call carried on a
+		// Dedup.Stream, not only unary calls.
+		cfg.CallInterceptors = append(cfg.CallInterceptors, a.UnaryServerInterceptor())
+		cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainStreamInterceptor(a.StreamServerInterceptor()))
 		if tok := store.NodeToken(); tok != "" {
 			cfg.DialOptions = append(cfg.DialOptions, grpc.WithPerRPCCredentials(auth.TokenCredentials(tok)))
 		} else if !tlsOn {

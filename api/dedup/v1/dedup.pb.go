@@ -27,6 +27,7 @@ package dedupv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1610,6 +1611,431 @@ func (x *ForgetResponse) GetResults() []*ForgetResult {
 	return nil
 }
 
+// StreamRequest is one call on Dedup.Stream.
+type StreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client and echoed in the answer; unique among the
+	// stream's unanswered calls.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The call's own deadline in milliseconds from when the node reads it;
+	// 0 means none but the stream's. Unary calls carry theirs in grpc-timeout.
+	TimeoutMs int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Types that are valid to be assigned to Call:
+	//
+	//	*StreamRequest_Check
+	//	*StreamRequest_Mark
+	//	*StreamRequest_Claim
+	//	*StreamRequest_Commit
+	//	*StreamRequest_Renew
+	//	*StreamRequest_Release
+	//	*StreamRequest_Forget
+	Call          isStreamRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamRequest) Reset() {
+	*x = StreamRequest{}
+	mi := &file_dedup_v1_dedup_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamRequest) ProtoMessage() {}
+
+func (x *StreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_dedup_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
+func (*StreamRequest) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *StreamRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetCall() isStreamRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCheck() *CheckRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Check); ok {
+			return x.Check
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetMark() *MarkRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Mark); ok {
+			return x.Mark
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetClaim() *ClaimRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Claim); ok {
+			return x.Claim
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCommit() *CommitRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetRenew() *RenewRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetForget() *ForgetRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Forget); ok {
+			return x.Forget
+		}
+	}
+	return nil
+}
+
+type isStreamRequest_Call interface {
+	isStreamRequest_Call()
+}
+
+type StreamRequest_Check struct {
+	Check *CheckRequest `protobuf:"bytes,3,opt,name=check,proto3,oneof"`
+}
+
+type StreamRequest_Mark struct {
+	Mark *MarkRequest `protobuf:"bytes,4,opt,name=mark,proto3,oneof"`
+}
+
+type StreamRequest_Claim struct {
+	Claim *ClaimRequest `protobuf:"bytes,5,opt,name=claim,proto3,oneof"`
+}
+
+type StreamRequest_Commit struct {
+	Commit *CommitRequest `protobuf:"bytes,6,opt,name=commit,proto3,oneof"`
+}
+
+type StreamRequest_Renew struct {
+	Renew *RenewRequest `protobuf:"bytes,7,opt,name=renew,proto3,oneof"`
+}
+
+type StreamRequest_Release struct {
+	Release *ReleaseRequest `protobuf:"bytes,8,opt,name=release,proto3,oneof"`
+}
+
+type StreamRequest_Forget struct {
+	Forget *ForgetRequest `protobuf:"bytes,9,opt,name=forget,proto3,oneof"`
+}
+
+func (*StreamRequest_Check) isStreamRequest_Call() {}
+
+func (*StreamRequest_Mark) isStreamRequest_Call() {}
+
+func (*StreamRequest_Claim) isStreamRequest_Call() {}
+
+func (*StreamRequest_Commit) isStreamRequest_Call() {}
+
+func (*StreamRequest_Renew) isStreamRequest_Call() {}
+
+func (*StreamRequest_Release) isStreamRequest_Call() {}
+
+func (*StreamRequest_Forget) isStreamRequest_Call() {}
+
+// StreamError is a failed call's status, as the unary call would have
+// returned it. Same fields and numbers as google.rpc.Status.
+type StreamError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"` // a gRPC status code
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Details       []*anypb.Any           `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamError) Reset() {
+	*x = StreamError{}
+	mi := &file_dedup_v1_dedup_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamError) ProtoMessage() {}
+
+func (x *StreamError) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_dedup_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
+func (*StreamError) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *StreamError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *StreamError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *StreamError) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+// StreamResponse answers one StreamRequest: error, or the result of the
+// call's kind.
+type StreamResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Error     *StreamError           `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StreamResponse_Check
+	//	*StreamResponse_Mark
+	//	*StreamResponse_Claim
+	//	*StreamResponse_Commit
+	//	*StreamResponse_Renew
+	//	*StreamResponse_Release
+	//	*StreamResponse_Forget
+	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamResponse) Reset() {
+	*x = StreamResponse{}
+	mi := &file_dedup_v1_dedup_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamResponse) ProtoMessage() {}
+
+func (x *StreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_dedup_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
+func (*StreamResponse) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StreamResponse) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *StreamResponse) GetError() *StreamError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetResult() isStreamResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCheck() *CheckResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Check); ok {
+			return x.Check
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetMark() *MarkResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Mark); ok {
+			return x.Mark
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetClaim() *ClaimResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Claim); ok {
+			return x.Claim
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCommit() *LeaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetRenew() *LeaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetRelease() *LeaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetForget() *ForgetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Forget); ok {
+			return x.Forget
+		}
+	}
+	return nil
+}
+
+type isStreamResponse_Result interface {
+	isStreamResponse_Result()
+}
+
+type StreamResponse_Check struct {
+	Check *CheckResponse `protobuf:"bytes,3,opt,name=check,proto3,oneof"`
+}
+
+type StreamResponse_Mark struct {
+	Mark *MarkResponse `protobuf:"bytes,4,opt,name=mark,proto3,oneof"`
+}
+
+type StreamResponse_Claim struct {
+	Claim *ClaimResponse `protobuf:"bytes,5,opt,name=claim,proto3,oneof"`
+}
+
+type StreamResponse_Commit struct {
+	Commit *LeaseResponse `protobuf:"bytes,6,opt,name=commit,proto3,oneof"`
+}
+
+type StreamResponse_Renew struct {
+	Renew *LeaseResponse `protobuf:"bytes,7,opt,name=renew,proto3,oneof"`
+}
+
+type StreamResponse_Release struct {
+	Release *LeaseResponse `protobuf:"bytes,8,opt,name=release,proto3,oneof"`
+}
+
+type StreamResponse_Forget struct {
+	Forget *ForgetResponse `protobuf:"bytes,9,opt,name=forget,proto3,oneof"`
+}
+
+func (*StreamResponse_Check) isStreamResponse_Result() {}
+
+func (*StreamResponse_Mark) isStreamResponse_Result() {}
+
+func (*StreamResponse_Claim) isStreamResponse_Result() {}
+
+func (*StreamResponse_Commit) isStreamResponse_Result() {}
+
+func (*StreamResponse_Renew) isStreamResponse_Result() {}
+
+func (*StreamResponse_Release) isStreamResponse_Result() {}
+
+func (*StreamResponse_Forget) isStreamResponse_Result() {}
+
 type Namespace struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1626,7 +2052,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[21]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +2064,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[21]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +2077,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{21}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Namespace) GetName() string {
@@ -1712,7 +2138,7 @@ type CreateNamespaceRequest struct {
 
 func (x *CreateNamespaceRequest) Reset() {
 	*x = CreateNamespaceRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[22]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +2150,7 @@ func (x *CreateNamespaceRequest) String() string {
 func (*CreateNamespaceRequest) ProtoMessage() {}
 
 func (x *CreateNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[22]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +2163,7 @@ func (x *CreateNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*CreateNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{22}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateNamespaceRequest) GetNamespace() *Namespace {
@@ -1758,7 +2184,7 @@ type UpdateNamespaceRequest struct {
 
 func (x *UpdateNamespaceRequest) Reset() {
 	*x = UpdateNamespaceRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[23]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +2196,7 @@ func (x *UpdateNamespaceRequest) String() string {
 func (*UpdateNamespaceRequest) ProtoMessage() {}
 
 func (x *UpdateNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[23]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +2209,7 @@ func (x *UpdateNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{23}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateNamespaceRequest) GetNamespace() *Namespace {
@@ -1802,7 +2228,7 @@ type DescribeNamespaceRequest struct {
 
 func (x *DescribeNamespaceRequest) Reset() {
 	*x = DescribeNamespaceRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[24]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +2240,7 @@ func (x *DescribeNamespaceRequest) String() string {
 func (*DescribeNamespaceRequest) ProtoMessage() {}
 
 func (x *DescribeNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[24]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2253,7 @@ func (x *DescribeNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*DescribeNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{24}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DescribeNamespaceRequest) GetName() string {
@@ -1845,7 +2271,7 @@ type ListNamespacesRequest struct {
 
 func (x *ListNamespacesRequest) Reset() {
 	*x = ListNamespacesRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[25]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +2283,7 @@ func (x *ListNamespacesRequest) String() string {
 func (*ListNamespacesRequest) ProtoMessage() {}
 
 func (x *ListNamespacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[25]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +2296,7 @@ func (x *ListNamespacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamespacesRequest.ProtoReflect.Descriptor instead.
 func (*ListNamespacesRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{25}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{28}
 }
 
 type DeleteNamespaceRequest struct {
@@ -1882,7 +2308,7 @@ type DeleteNamespaceRequest struct {
 
 func (x *DeleteNamespaceRequest) Reset() {
 	*x = DeleteNamespaceRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[26]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2320,7 @@ func (x *DeleteNamespaceRequest) String() string {
 func (*DeleteNamespaceRequest) ProtoMessage() {}
 
 func (x *DeleteNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[26]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2333,7 @@ func (x *DeleteNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{26}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteNamespaceRequest) GetName() string {
@@ -1926,7 +2352,7 @@ type NamespaceResponse struct {
 
 func (x *NamespaceResponse) Reset() {
 	*x = NamespaceResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[27]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2364,7 @@ func (x *NamespaceResponse) String() string {
 func (*NamespaceResponse) ProtoMessage() {}
 
 func (x *NamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[27]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2377,7 @@ func (x *NamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceResponse.ProtoReflect.Descriptor instead.
 func (*NamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{27}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NamespaceResponse) GetNamespace() *Namespace {
@@ -1970,7 +2396,7 @@ type ListNamespacesResponse struct {
 
 func (x *ListNamespacesResponse) Reset() {
 	*x = ListNamespacesResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[28]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2408,7 @@ func (x *ListNamespacesResponse) String() string {
 func (*ListNamespacesResponse) ProtoMessage() {}
 
 func (x *ListNamespacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[28]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2421,7 @@ func (x *ListNamespacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamespacesResponse.ProtoReflect.Descriptor instead.
 func (*ListNamespacesResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{28}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListNamespacesResponse) GetNamespaces() []*Namespace {
@@ -2013,7 +2439,7 @@ type DeleteNamespaceResponse struct {
 
 func (x *DeleteNamespaceResponse) Reset() {
 	*x = DeleteNamespaceResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[29]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2451,7 @@ func (x *DeleteNamespaceResponse) String() string {
 func (*DeleteNamespaceResponse) ProtoMessage() {}
 
 func (x *DeleteNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[29]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2464,7 @@ func (x *DeleteNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{29}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{32}
 }
 
 type StatusRequest struct {
@@ -2049,7 +2475,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[30]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2487,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[30]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2500,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{30}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{33}
 }
 
 type Member struct {
@@ -2090,7 +2516,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[31]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2528,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[31]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2541,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{31}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Member) GetId() string {
@@ -2172,7 +2598,7 @@ type BloomStatus struct {
 
 func (x *BloomStatus) Reset() {
 	*x = BloomStatus{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[32]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2610,7 @@ func (x *BloomStatus) String() string {
 func (*BloomStatus) ProtoMessage() {}
 
 func (x *BloomStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[32]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2623,7 @@ func (x *BloomStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BloomStatus.ProtoReflect.Descriptor instead.
 func (*BloomStatus) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{32}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BloomStatus) GetFilters() uint64 {
@@ -2284,7 +2710,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[33]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2722,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[33]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2735,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{33}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2414,7 +2840,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[34]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2852,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[34]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2865,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{34}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinRequest) GetNodeId() string {
@@ -2471,7 +2897,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[35]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2909,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[35]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2922,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{35}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{38}
 }
 
 type RemoveRequest struct {
@@ -2508,7 +2934,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[36]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2946,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[36]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2959,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{36}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveRequest) GetNodeId() string {
@@ -2551,7 +2977,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2989,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +3002,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{37}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{40}
 }
 
 type TransferLeadershipRequest struct {
@@ -2589,7 +3015,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2601,7 +3027,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2614,7 +3040,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{38}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TransferLeadershipRequest) GetNodeId() string {
@@ -2633,7 +3059,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +3071,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +3084,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{39}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TransferLeadershipResponse) GetNewLeaderId() string {
@@ -2676,7 +3102,7 @@ type ReadIndexRequest struct {
 
 func (x *ReadIndexRequest) Reset() {
 	*x = ReadIndexRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2688,7 +3114,7 @@ func (x *ReadIndexRequest) String() string {
 func (*ReadIndexRequest) ProtoMessage() {}
 
 func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2701,7 +3127,7 @@ func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
 func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{40}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{43}
 }
 
 type ReadIndexResponse struct {
@@ -2713,7 +3139,7 @@ type ReadIndexResponse struct {
 
 func (x *ReadIndexResponse) Reset() {
 	*x = ReadIndexResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +3151,7 @@ func (x *ReadIndexResponse) String() string {
 func (*ReadIndexResponse) ProtoMessage() {}
 
 func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +3164,7 @@ func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
 func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{41}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReadIndexResponse) GetReadIndex() uint64 {
@@ -2752,7 +3178,7 @@ var File_dedup_v1_dedup_proto protoreflect.FileDescriptor
 
 const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\n" +
-	"\x14dedup/v1/dedup.proto\x12\bdedup.v1\"\xec\x01\n" +
+	"\x14dedup/v1/dedup.proto\x12\bdedup.v1\x1a\x19google/protobuf/any.proto\"\xec\x01\n" +
 	"\x06Record\x12+\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x15.dedup.v1.RecordStateR\x05state\x12+\n" +
 	"\x12first_seen_unix_ms\x18\x02 \x01(\x03R\x0ffirstSeenUnixMs\x12&\n" +
@@ -2847,7 +3273,36 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\"B\n" +
 	"\x0eForgetResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.dedup.v1.ForgetResultR\aresults\"\x8e\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.dedup.v1.ForgetResultR\aresults\"\xae\x03\n" +
+	"\rStreamRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\x12.\n" +
+	"\x05check\x18\x03 \x01(\v2\x16.dedup.v1.CheckRequestH\x00R\x05check\x12+\n" +
+	"\x04mark\x18\x04 \x01(\v2\x15.dedup.v1.MarkRequestH\x00R\x04mark\x12.\n" +
+	"\x05claim\x18\x05 \x01(\v2\x16.dedup.v1.ClaimRequestH\x00R\x05claim\x121\n" +
+	"\x06commit\x18\x06 \x01(\v2\x17.dedup.v1.CommitRequestH\x00R\x06commit\x12.\n" +
+	"\x05renew\x18\a \x01(\v2\x16.dedup.v1.RenewRequestH\x00R\x05renew\x124\n" +
+	"\arelease\x18\b \x01(\v2\x18.dedup.v1.ReleaseRequestH\x00R\arelease\x121\n" +
+	"\x06forget\x18\t \x01(\v2\x17.dedup.v1.ForgetRequestH\x00R\x06forgetB\x06\n" +
+	"\x04call\"k\n" +
+	"\vStreamError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xc3\x03\n" +
+	"\x0eStreamResponse\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x15.dedup.v1.StreamErrorR\x05error\x12/\n" +
+	"\x05check\x18\x03 \x01(\v2\x17.dedup.v1.CheckResponseH\x00R\x05check\x12,\n" +
+	"\x04mark\x18\x04 \x01(\v2\x16.dedup.v1.MarkResponseH\x00R\x04mark\x12/\n" +
+	"\x05claim\x18\x05 \x01(\v2\x17.dedup.v1.ClaimResponseH\x00R\x05claim\x121\n" +
+	"\x06commit\x18\x06 \x01(\v2\x17.dedup.v1.LeaseResponseH\x00R\x06commit\x12/\n" +
+	"\x05renew\x18\a \x01(\v2\x17.dedup.v1.LeaseResponseH\x00R\x05renew\x123\n" +
+	"\arelease\x18\b \x01(\v2\x17.dedup.v1.LeaseResponseH\x00R\arelease\x122\n" +
+	"\x06forget\x18\t \x01(\v2\x18.dedup.v1.ForgetResponseH\x00R\x06forgetB\b\n" +
+	"\x06result\"\x8e\x02\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12$\n" +
 	"\x0edefault_ttl_ms\x18\x02 \x01(\x03R\fdefaultTtlMs\x12\x1c\n" +
@@ -2936,7 +3391,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"ExpiryMode\x12\x1b\n" +
 	"\x17EXPIRY_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EXPIRY_MODE_FIXED\x10\x01\x12\x17\n" +
-	"\x13EXPIRY_MODE_SLIDING\x10\x022\xa3\x03\n" +
+	"\x13EXPIRY_MODE_SLIDING\x10\x022\xe4\x03\n" +
 	"\x05Dedup\x128\n" +
 	"\x05Check\x12\x16.dedup.v1.CheckRequest\x1a\x17.dedup.v1.CheckResponse\x125\n" +
 	"\x04Mark\x12\x15.dedup.v1.MarkRequest\x1a\x16.dedup.v1.MarkResponse\x128\n" +
@@ -2944,7 +3399,8 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x06Commit\x12\x17.dedup.v1.CommitRequest\x1a\x17.dedup.v1.LeaseResponse\x128\n" +
 	"\x05Renew\x12\x16.dedup.v1.RenewRequest\x1a\x17.dedup.v1.LeaseResponse\x12<\n" +
 	"\aRelease\x12\x18.dedup.v1.ReleaseRequest\x1a\x17.dedup.v1.LeaseResponse\x12;\n" +
-	"\x06Forget\x12\x17.dedup.v1.ForgetRequest\x1a\x18.dedup.v1.ForgetResponse2\xc0\x05\n" +
+	"\x06Forget\x12\x17.dedup.v1.ForgetRequest\x1a\x18.dedup.v1.ForgetResponse\x12?\n" +
+	"\x06Stream\x12\x17.dedup.v1.StreamRequest\x1a\x18.dedup.v1.StreamResponse(\x010\x012\xc0\x05\n" +
 	"\x05Admin\x12P\n" +
 	"\x0fCreateNamespace\x12 .dedup.v1.CreateNamespaceRequest\x1a\x1b.dedup.v1.NamespaceResponse\x12P\n" +
 	"\x0fUpdateNamespace\x12 .dedup.v1.UpdateNamespaceRequest\x1a\x1b.dedup.v1.NamespaceResponse\x12T\n" +
@@ -2971,7 +3427,7 @@ func file_dedup_v1_dedup_proto_rawDescGZIP() []byte {
 }
 
 var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_dedup_v1_dedup_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: dedup.v1.Consistency
 	(RecordState)(0),                   // 1: dedup.v1.RecordState
@@ -3002,27 +3458,31 @@ var file_dedup_v1_dedup_proto_goTypes = []any{
 	(*ForgetRequest)(nil),              // 26: dedup.v1.ForgetRequest
 	(*ForgetResult)(nil),               // 27: dedup.v1.ForgetResult
 	(*ForgetResponse)(nil),             // 28: dedup.v1.ForgetResponse
-	(*Namespace)(nil),                  // 29: dedup.v1.Namespace
-	(*CreateNamespaceRequest)(nil),     // 30: dedup.v1.CreateNamespaceRequest
-	(*UpdateNamespaceRequest)(nil),     // 31: dedup.v1.UpdateNamespaceRequest
-	(*DescribeNamespaceRequest)(nil),   // 32: dedup.v1.DescribeNamespaceRequest
-	(*ListNamespacesRequest)(nil),      // 33: dedup.v1.ListNamespacesRequest
-	(*DeleteNamespaceRequest)(nil),     // 34: dedup.v1.DeleteNamespaceRequest
-	(*NamespaceResponse)(nil),          // 35: dedup.v1.NamespaceResponse
-	(*ListNamespacesResponse)(nil),     // 36: dedup.v1.ListNamespacesResponse
-	(*DeleteNamespaceResponse)(nil),    // 37: dedup.v1.DeleteNamespaceResponse
-	(*StatusRequest)(nil),              // 38: dedup.v1.StatusRequest
-	(*Member)(nil),                     // 39: dedup.v1.Member
-	(*BloomStatus)(nil),                // 40: dedup.v1.BloomStatus
-	(*StatusResponse)(nil),             // 41: dedup.v1.StatusResponse
-	(*JoinRequest)(nil),                // 42: dedup.v1.JoinRequest
-	(*JoinResponse)(nil),               // 43: dedup.v1.JoinResponse
-	(*RemoveRequest)(nil),              // 44: dedup.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 45: dedup.v1.RemoveResponse
-	(*TransferLeadershipRequest)(nil),  // 46: dedup.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 47: dedup.v1.TransferLeadershipResponse
-	(*ReadIndexRequest)(nil),           // 48: dedup.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),          // 49: dedup.v1.ReadIndexResponse
+	(*StreamRequest)(nil),              // 29: dedup.v1.StreamRequest
+	(*StreamError)(nil),                // 30: dedup.v1.StreamError
+	(*StreamResponse)(nil),             // 31: dedup.v1.StreamResponse
+	(*Namespace)(nil),                  // 32: dedup.v1.Namespace
+	(*CreateNamespaceRequest)(nil),     // 33: dedup.v1.CreateNamespaceRequest
+	(*UpdateNamespaceRequest)(nil),     // 34: dedup.v1.UpdateNamespaceRequest
+	(*DescribeNamespaceRequest)(nil),   // 35: dedup.v1.DescribeNamespaceRequest
+	(*ListNamespacesRequest)(nil),      // 36: dedup.v1.ListNamespacesRequest
+	(*DeleteNamespaceRequest)(nil),     // 37: dedup.v1.DeleteNamespaceRequest
+	(*NamespaceResponse)(nil),          // 38: dedup.v1.NamespaceResponse
+	(*ListNamespacesResponse)(nil),     // 39: dedup.v1.ListNamespacesResponse
+	(*DeleteNamespaceResponse)(nil),    // 40: dedup.v1.DeleteNamespaceResponse
+	(*StatusRequest)(nil),              // 41: dedup.v1.StatusRequest
+	(*Member)(nil),                     // 42: dedup.v1.Member
+	(*BloomStatus)(nil),                // 43: dedup.v1.BloomStatus
+	(*StatusResponse)(nil),             // 44: dedup.v1.StatusResponse
+	(*JoinRequest)(nil),                // 45: dedup.v1.JoinRequest
+	(*JoinResponse)(nil),               // 46: dedup.v1.JoinResponse
+	(*RemoveRequest)(nil),              // 47: dedup.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 48: dedup.v1.RemoveResponse
+	(*TransferLeadershipRequest)(nil),  // 49: dedup.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 50: dedup.v1.TransferLeadershipResponse
+	(*ReadIndexRequest)(nil),           // 51: dedup.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),          // 52: dedup.v1.ReadIndexResponse
+	(*anypb.Any)(nil),                  // 53: google.protobuf.Any
 }
 var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	1,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
@@ -3046,52 +3506,70 @@ var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	24, // 18: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
 	7,  // 19: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
 	27, // 20: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
-	2,  // 21: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
-	29, // 22: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	29, // 23: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	29, // 24: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
-	29, // 25: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
-	39, // 26: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
-	40, // 27: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	9,  // 28: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	13, // 29: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	17, // 30: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	21, // 31: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	22, // 32: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	23, // 33: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	26, // 34: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	30, // 35: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	31, // 36: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	32, // 37: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	33, // 38: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	34, // 39: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	38, // 40: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	42, // 41: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	44, // 42: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	46, // 43: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	48, // 44: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	11, // 45: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	15, // 46: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	19, // 47: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	25, // 48: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	25, // 49: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	25, // 50: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	28, // 51: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	35, // 52: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	35, // 53: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	35, // 54: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	36, // 55: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	37, // 56: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	41, // 57: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	43, // 58: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	45, // 59: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	47, // 60: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	49, // 61: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	45, // [45:62] is the sub-list for method output_type
-	28, // [28:45] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	9,  // 21: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
+	13, // 22: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
+	17, // 23: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
+	21, // 24: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
+	22, // 25: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
+	23, // 26: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
+	26, // 27: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
+	53, // 28: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	30, // 29: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
+	11, // 30: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
+	15, // 31: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
+	19, // 32: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
+	25, // 33: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
+	25, // 34: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
+	25, // 35: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
+	28, // 36: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
+	2,  // 37: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
+	32, // 38: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	32, // 39: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	32, // 40: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
+	32, // 41: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
+	42, // 42: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
+	43, // 43: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
+	9,  // 44: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	13, // 45: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	17, // 46: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	21, // 47: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	22, // 48: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	23, // 49: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	26, // 50: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	29, // 51: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	33, // 52: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	34, // 53: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	35, // 54: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	36, // 55: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	37, // 56: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	41, // 57: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	45, // 58: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	47, // 59: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	49, // 60: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	51, // 61: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	11, // 62: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	15, // 63: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	19, // 64: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	25, // 65: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	25, // 66: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	25, // 67: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	28, // 68: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	31, // 69: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	38, // 70: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	38, // 71: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	38, // 72: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 73: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	40, // 74: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	44, // 75: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	46, // 76: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	48, // 77: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	50, // 78: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	52, // 79: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }
@@ -3099,13 +3577,31 @@ func file_dedup_v1_dedup_proto_init() {
 	if File_dedup_v1_dedup_proto != nil {
 		return
 	}
+	file_dedup_v1_dedup_proto_msgTypes[21].OneofWrappers = []any{
+		(*StreamRequest_Check)(nil),
+		(*StreamRequest_Mark)(nil),
+		(*StreamRequest_Claim)(nil),
+		(*StreamRequest_Commit)(nil),
+		(*StreamRequest_Renew)(nil),
+		(*StreamRequest_Release)(nil),
+		(*StreamRequest_Forget)(nil),
+	}
+	file_dedup_v1_dedup_proto_msgTypes[23].OneofWrappers = []any{
+		(*StreamResponse_Check)(nil),
+		(*StreamResponse_Mark)(nil),
+		(*StreamResponse_Claim)(nil),
+		(*StreamResponse_Commit)(nil),
+		(*StreamResponse_Renew)(nil),
+		(*StreamResponse_Release)(nil),
+		(*StreamResponse_Forget)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_dedup_proto_rawDesc), len(file_dedup_v1_dedup_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

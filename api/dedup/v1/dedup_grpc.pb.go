@@ -44,6 +44,7 @@ const (
 	Dedup_Renew_FullMethodName   = "/dedup.v1.Dedup/Renew"
 	Dedup_Release_FullMethodName = "/dedup.v1.Dedup/Release"
 	Dedup_Forget_FullMethodName  = "/dedup.v1.Dedup/Forget"
+	Dedup_Stream_FullMethodName  = "/dedup.v1.Dedup/Stream"
 )
 
 // DedupClient is the client API for Dedup service.
@@ -66,6 +67,26 @@ type DedupClient interface {
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 	// Forget removes IDs (operator use) so they can be processed again.
 	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
+	// Stream carries many of the calls above on one bidirectional stream, so
+	// a client keeps several batches in flight without paying for a unary
+	// call each (pipelining). Each StreamRequest holds one call and a
+	// request_id the client chose; each StreamResponse answers one call, in
+	// the order the calls complete, not the order they were sent.
+	//
+	// Every call is validated, authorized, counted and answered exactly as
+	// the unary RPC of its name (the same handler, the same error codes and
+	// details); a failed call fails alone and the stream stays open.
+	//
+	// Flow control: a node works on a bounded number of one stream's calls
+	// at once (64 by default) and reads no further message meanwhile, so
+	// HTTP/2 flow control holds the sender back.
+	//
+	// A stream that breaks (node stopped, connection lost) leaves the outcome
+	// of its unanswered calls unknown, like a unary call that failed with
+	// UNAVAILABLE: retry them, writes with the same request_token, and the
+	// retry returns the original answer. A node shutting down answers the
+	// calls it has read and then ends the stream with UNAVAILABLE.
+	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error)
 }
 
 type dedupClient struct {
@@ -146,6 +167,19 @@ func (c *dedupClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grp
 	return out, nil
 }
 
+func (c *dedupClient) Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Dedup_ServiceDesc.Streams[0], Dedup_Stream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamRequest, StreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Dedup_StreamClient = grpc.BidiStreamingClient[StreamRequest, StreamResponse]
+
 // DedupServer is the server API for Dedup service.
 // All implementations must embed UnimplementedDedupServer
 // for forward compatibility.
@@ -166,6 +200,26 @@ type DedupServer interface {
 	Release(context.Context, *ReleaseRequest) (*LeaseResponse, error)
 	// Forget removes IDs (operator use) so they can be processed again.
 	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
+	// Stream carries many of the calls above on one bidirectional stream, so
+	// a client keeps several batches in flight without paying for a unary
+	// call each (pipelining). Each StreamRequest holds one call and a
+	// request_id the client chose; each StreamResponse answers one call, in
+	// the order the calls complete, not the order they were sent.
+	//
+	// Every call is validated, authorized, counted and answered exactly as
+	// the unary RPC of its name (the same handler, the same error codes and
+	// details); a failed call fails alone and the stream stays open.
+	//
+	// Flow control: a node works on a bounded number of one stream's calls
+	// at once (64 by default) and reads no further message meanwhile, so
+	// HTTP/2 flow control holds the sender back.
+	//
+	// A stream that breaks (node stopped, connection lost) leaves the outcome
+	// of its unanswered calls unknown, like a unary call that failed with
+	// UNAVAILABLE: retry them, writes with the same request_token, and the
+	// retry returns the original answer. A node shutting down answers the
+	// calls it has read and then ends the stream with UNAVAILABLE.
+	Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error
 	mustEmbedUnimplementedDedupServer()
 }
 
@@ -196,6 +250,9 @@ func (UnimplementedDedupServer) Release(context.Context, *ReleaseRequest) (*Leas
 }
 func (UnimplementedDedupServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forget not implemented")
+}
+func (UnimplementedDedupServer) Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method Stream not implemented")
 }
 func (UnimplementedDedupServer) mustEmbedUnimplementedDedupServer() {}
 func (UnimplementedDedupServer) testEmbeddedByValue()               {}
@@ -344,6 +401,13 @@ func _Dedup_Forget_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Dedup_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DedupServer).Stream(&grpc.GenericServerStream[StreamRequest, StreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Dedup_StreamServer = grpc.BidiStreamingServer[StreamRequest, StreamResponse]
+
 // Dedup_ServiceDesc is the grpc.ServiceDesc for Dedup service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -380,7 +444,14 @@ var Dedup_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Dedup_Forget_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Stream",
+			Handler:       _Dedup_Stream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "dedup/v1/dedup.proto",
 }
 

@@ -68,8 +68,8 @@ func main() {
 	cfg := server.Config{
 		Cluster: cluster.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, GRPCAddr: *grpcAddr,
 			Peers: ps, Logger: logger},
-		ListenAddr:    *grpcAddr,
-		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(unsafe(*staleReads, *ackEarly, *corruptDigest && *nodeID == "n2"))},
+		ListenAddr:       *grpcAddr,
+		CallInterceptors: []grpc.UnaryServerInterceptor{unsafe(*staleReads, *ackEarly, *corruptDigest && *nodeID == "n2")},
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
