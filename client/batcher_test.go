@@ -48,7 +48,7 @@ func TestBatcherCoalescesConcurrentCallsIntoFullBatches(t *testing.T) {
 	for _, maxBatch := range []int{100, 10} {
 		var log rpcLog
 		c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
-		b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(maxBatch))
+		b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(maxBatch), client.WithBatchTransport(client.TransportUnary)) // unary: the test reads the RPCs on the wire
 		t.Cleanup(func() { b.Close() })
 
 		idList := ids(fmt.Sprintf("coalesce%d", maxBatch), 100)
@@ -85,7 +85,7 @@ func TestBatcherGroupsByOperationNamespaceAndTTL(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	var log rpcLog
 	c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
-	b := c.NewBatcher(client.WithLinger(50 * time.Millisecond))
+	b := c.NewBatcher(client.WithLinger(50*time.Millisecond), client.WithBatchTransport(client.TransportUnary)) // unary: the test reads the RPCs on the wire
 	t.Cleanup(func() { b.Close() })
 
 	type call struct {
@@ -268,7 +268,7 @@ func TestBatcherRetryAfterLostReplyKeepsEachCallersToken(t *testing.T) {
 		return err
 	})
 	c := newClient(t, cl.Addrs(), client.WithDialOptions(drop, log.interceptor()))
-	b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(50))
+	b := c.NewBatcher(client.WithLinger(time.Hour), client.WithMaxBatch(50), client.WithBatchTransport(client.TransportUnary)) // unary: the test reads the RPCs on the wire
 	t.Cleanup(func() { b.Close() })
 
 	for _, r := range markAll(t, ctx, b, "lost", ids("lost", 50), 0) {

@@ -360,6 +360,9 @@ func (p *Pipeline) open(a *openAttempt) {
 	defer p.wg.Done()
 	sctx, cancel := context.WithCancel(p.base)
 	cs, err := p.uc.Stream(sctx)
+	if err != nil {
+		err = p.streamErr(err) // takes p.mu
+	}
 	p.mu.Lock()
 	p.opening = nil
 	if err == nil && p.closed {
@@ -367,7 +370,7 @@ func (p *Pipeline) open(a *openAttempt) {
 	}
 	if err != nil {
 		cancel()
-		a.err = p.streamErr(err)
+		a.err = err
 		p.mu.Unlock()
 		close(a.done)
 		return

@@ -454,3 +454,64 @@ func TestForeignCANodeCannotJoin(t *testing.T) {
 		}
 	}
 }
+
+// Calls carried on a Dedup.Stream are checked one by one as the unary call
+// of their kind: a refused call fails alone with PermissionDenied and the
+// stream goes on; a stream without a token is refused as a whole.
+func TestSecureStreamChecksEachCall(t *testing.T) {
+	p := newSecurePKI(t, "n1")
+	srvs := startSecureCluster(t, p, "n1")
+	ctx := callCtx(t)
+	addr := srvs[0].GRPCAddr()
+	if _, err := dedupv1.NewAdminClient(dialAs(t, p, addr, "client", opsToken)).CreateNamespace(ctx,
+		&dedupv1.CreateNamespaceRequest{Namespace: &dedupv1.Namespace{Name: "orders"}}); err != nil {
+		t.Fatal(err)
+	}
+	mark := func(id uint64, ns string) *dedupv1.StreamRequest {
+		return &dedupv1.StreamRequest{RequestId: id, Call: &dedupv1.StreamRequest_Mark{Mark: &dedupv1.MarkRequest{
+			Namespace: ns, RequestToken: []byte(fmt.Sprint("tok-", id)), Items: []*dedupv1.MarkItem{{Id: []byte(fmt.Sprint("streamed-", id))}}}}}
+	}
+	check := func(id uint64, ns string) *dedupv1.StreamRequest {
+		return &dedupv1.StreamRequest{RequestId: id, Call: &dedupv1.StreamRequest_Check{Check: &dedupv1.CheckRequest{
+			Namespace: ns, Ids: [][]byte{[]byte("streamed-1")}}}}
+	}
+	run := func(token string, reqs ...*dedupv1.StreamRequest) map[uint64]codes.Code {
+		t.Helper()
+		st, err := dedupv1.NewDedupClient(dialAs(t, p, addr, "client", token)).Stream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reqs {
+			if err := st.Send(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := map[uint64]codes.Code{}
+		for range reqs {
+			r, err := st.Recv()
+			if err != nil {
+				t.Fatalf("token %q: stream failed after %d answers: %v", token, len(out), err)
+			}
+			out[r.RequestId] = codes.Code(r.GetError().GetCode())
+		}
+		return out
+	}
+	got := run(ordersToken, mark(1, "orders"), mark(2, "default"), check(3, "orders"))
+	want := map[uint64]codes.Code{1: codes.OK, 2: codes.PermissionDenied, 3: codes.OK}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("orders token: %v, want %v", got, want)
+	}
+	got = run(readerToken, mark(4, "orders"), check(5, "orders"))
+	want = map[uint64]codes.Code{4: codes.PermissionDenied, 5: codes.OK}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("reader token: %v, want %v", got, want)
+	}
+	st, err := dedupv1.NewDedupClient(dialAs(t, p, addr, "client", "")).Stream(ctx)
+	if err == nil {
+		_ = st.Send(check(6, "orders"))
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("stream without a token: %v, want Unauthenticated", err)
+	}
+}
