@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
 )
 
 // DefaultStreamInflight is how many calls of one Dedup.Stream a node works
@@ -89,7 +90,7 @@ func (s *Server) Stream(ss dedupv1.Dedup_StreamServer) error {
 			err = nil // the client closed its side: answer what was read
 		}
 	case <-s.stop:
-		err = status.Error(codes.Unavailable, "node shutting down: stream closed, retry elsewhere")
+		err = toStatus(cluster.ErrShutdown) // Unavailable, reason SHUTTING_DOWN
 	}
 	mu.Lock()
 	stopped = true
