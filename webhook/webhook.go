@@ -7,14 +7,26 @@
 // at least once: they retry on timeouts and non-2xx answers, sometimes
 // while the first attempt is still being handled. Per event ID:
 //
+//   - a request whose signature fails verification (Config.Verify: GitHub,
+//     Stripe or a generic HMAC header) gets 401 and marks nothing;
 //   - the first delivery goes to the handler (upstream); a 2xx answer
-//     commits the ID, any other answer, a timeout or a panic releases it so
-//     the sender's retry can succeed;
+//     commits the ID, any other answer or a panic releases it so the
+//     sender's retry can succeed;
+//   - a handler slower than Config.Timeout: the sender gets 504 (with
+//     "Dedupnode-Status: in-progress") but the delivery goes on, holding
+//     its lease (renewed) until the handler answers — then it is committed
+//     or released — or until Config.MaxUpstream, when the handler's context
+//     ends and the ID is released. The claim is never released while the
+//     handler may still be working on the event;
 //   - a delivery of an ID already handled gets 200 at once, without
 //     reaching the handler, with the header "Dedupnode-Status: duplicate";
 //   - a delivery that arrives while the first is still in flight gets 409
-//     Conflict with Retry-After (seconds until the first one's lease
-//     expires) and "Dedupnode-Status: in-progress".
+//     Conflict with Retry-After and "Dedupnode-Status: in-progress".
+//     Retry-After is the time until the earliest moment the ID may be free:
+//     the first delivery's Timeout while it has not passed, else its
+//     lease's current expiry (when the ID frees if its holder stops
+//     renewing), but never past its MaxUpstream when this handler holds it;
+//     at least 1 s.
 //
 // Why 409 and not 425 Too Early: 425 (RFC 8470) means "I will not risk
 // processing a request sent in TLS early data, which may be replayed"; HTTP
@@ -27,7 +39,8 @@
 // answers with the real outcome, and if it fails that sender retries it.
 //
 // Every answer carries "Dedupnode-Status": processed, duplicate,
-// in-progress, failed, conflict, lease-lost, unavailable or no-id.
+// in-progress, failed, conflict, lease-lost, unavailable, no-id or
+// bad-signature.
 package webhook
 
 import (
@@ -44,6 +57,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
@@ -98,9 +112,20 @@ type Config struct {
 	// ID reused for another body answers 422 (conflict) instead of 200
 	// (duplicate).
 	DigestBody bool
-	// Timeout bounds the handler's run (0: the request's own context
-	// only). The handler's context ends then; the proxy answers 504.
+	// Verify, if set, checks each request's signature first: a request
+	// that fails gets 401 and nothing is marked (GitHubSignature,
+	// StripeSignature, NewHMACSignature).
+	Verify Verifier
+	// Timeout is how long the sender waits for the handler's answer (0:
+	// until it answers, up to MaxUpstream). Past it the sender gets 504
+	// with "Dedupnode-Status: in-progress" while the delivery goes on: the
+	// handler's context does not end, the lease is renewed, and its answer
+	// commits or releases the ID as usual.
 	Timeout time.Duration
+	// MaxUpstream is the hard limit on one delivery (default
+	// DefaultMaxUpstream, at least Timeout): then the handler's context
+	// ends and the ID is released, so that a retry can deliver it again.
+	MaxUpstream time.Duration
 	// ProcessOptions are passed to every Process call (lease, TTL).
 	ProcessOptions []client.ProcessOption
 	// Logger receives one line per deduplicated request at DEBUG and
@@ -131,24 +156,77 @@ func (cfg *Config) check() error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Timeout < 0 || cfg.MaxUpstream < 0 {
+		return fmt.Errorf("webhook: negative Timeout %v or MaxUpstream %v", cfg.Timeout, cfg.MaxUpstream)
+	}
+	if cfg.MaxUpstream == 0 {
+		cfg.MaxUpstream = max(DefaultMaxUpstream, cfg.Timeout)
+	}
+	if cfg.MaxUpstream < cfg.Timeout {
+		return fmt.Errorf("webhook: MaxUpstream %v is shorter than Timeout %v", cfg.MaxUpstream, cfg.Timeout)
+	}
 	return nil
 }
 
+// DefaultMaxUpstream is Config.MaxUpstream's default.
+const DefaultMaxUpstream = 5 * time.Minute
+
 // Middleware returns net/http middleware deduplicating requests per event
 // ID (see the package doc for the answers). The wrapped handler's answer is
-// buffered until its outcome is recorded, then sent.
+// buffered until its outcome is recorded, then sent. Deliveries that
+// outlive their request (Config.Timeout) go on in the background; use
+// NewHandler to be able to wait for them at shutdown.
 func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
-		return &handler{cfg: cfg, next: next}
+		return newHandler(cfg, next)
 	}, nil
 }
 
-type handler struct {
+// NewHandler returns next behind the dedup middleware, as a Handler whose
+// Wait lets a server's shutdown wait for deliveries still in flight.
+func NewHandler(next http.Handler, cfg Config) (*Handler, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	return newHandler(cfg, next), nil
+}
+
+func newHandler(cfg Config, next http.Handler) *Handler {
+	return &Handler{cfg: cfg, next: next, inflight: map[string]*flight{}}
+}
+
+// Handler is the dedup middleware around one handler.
+type Handler struct {
 	cfg  Config
 	next http.Handler
+
+	mu       sync.Mutex
+	inflight map[string]*flight // by event ID: deliveries this handler holds
+	wg       sync.WaitGroup
+}
+
+// flight is a delivery whose handler is running.
+type flight struct {
+	soft, hard time.Time // Timeout and MaxUpstream deadlines (soft zero: none)
+}
+
+// Wait blocks until every delivery in flight (including those whose
+// sender already got 504) has been committed or released, or ctx ends.
+func (h *Handler) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("webhook: deliveries still in flight: %w", ctx.Err())
+	}
 }
 
 // errStatus is fn's error for a non-2xx answer: the claim is released.
@@ -156,7 +234,7 @@ type errStatus struct{ code int }
 
 func (e errStatus) Error() string { return fmt.Sprintf("handler answered %d", e.code) }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(h.cfg.Methods, r.Method) {
 		h.next.ServeHTTP(w, r)
 		return
@@ -171,6 +249,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusRequestEntityTooLarge, "failed", map[string]any{"error": fmt.Sprintf("body exceeds %d bytes", h.cfg.MaxBodyBytes)})
 		return
 	}
+	if h.cfg.Verify != nil {
+		if err := h.cfg.Verify.Verify(r.Header, body, time.Now()); err != nil {
+			h.cfg.Logger.Warn("webhook signature rejected", "err", err, "remote", r.RemoteAddr)
+			writeJSON(w, http.StatusUnauthorized, "bad-signature", map[string]any{"error": err.Error()})
+			return
+		}
+	}
 	id, err := h.cfg.ID(r, body)
 	if err == nil && len(id) == 0 {
 		err = msgid.ErrNoID
@@ -184,26 +269,88 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		opts = append(opts[:len(opts):len(opts)], client.WithDigest(client.Digest(body)))
 	}
 
+	// The delivery runs on its own goroutine, detached from the request:
+	// when the sender stops waiting (Timeout, or it hangs up) the handler
+	// goes on under its lease, and its answer still commits or releases.
+	key := string(id)
 	rec := &recorder{header: http.Header{}}
-	res, perr := h.cfg.Processor.Process(r.Context(), h.cfg.Namespace, id, func(ctx context.Context) error {
+	started, done := make(chan struct{}), make(chan struct{})
+	var (
+		res      client.ProcessResult
+		perr     error
+		panicked any
+	)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.MaxUpstream)
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		defer close(done)
+		defer cancel()
+		var fl *flight
+		defer func() {
+			if fl != nil {
+				h.mu.Lock()
+				if h.inflight[key] == fl {
+					delete(h.inflight, key)
+				}
+				h.mu.Unlock()
+			}
+			if p := recover(); p != nil {
+				panicked = p // Process released the lease
+			}
+		}()
+		res, perr = h.cfg.Processor.Process(dctx, h.cfg.Namespace, id, func(ctx context.Context) error {
+			now := time.Now()
+			fl = &flight{hard: now.Add(h.cfg.MaxUpstream)}
+			if h.cfg.Timeout > 0 {
+				fl.soft = now.Add(h.cfg.Timeout)
+			}
+			h.mu.Lock()
+			h.inflight[key] = fl
+			h.mu.Unlock()
+			close(started)
+			req := r.Clone(ctx)
+			req.Body = io.NopCloser(bytes.NewReader(body))
+			req.ContentLength = int64(len(body))
+			h.next.ServeHTTP(rec, req)
+			if rec.code == 0 {
+				rec.code = http.StatusOK
+			}
+			if rec.code < 200 || rec.code > 299 {
+				return errStatus{rec.code}
+			}
+			return nil
+		}, opts...)
+	}()
+
+	select {
+	case <-done:
+	case <-r.Context().Done():
+		return // the sender hung up; the delivery goes on
+	case <-started:
+		var soft <-chan time.Time
 		if h.cfg.Timeout > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, h.cfg.Timeout)
-			defer cancel()
+			t := time.NewTimer(h.cfg.Timeout)
+			defer t.Stop()
+			soft = t.C
 		}
-		req := r.Clone(ctx)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.ContentLength = int64(len(body))
-		h.next.ServeHTTP(rec, req)
-		if rec.code == 0 {
-			rec.code = http.StatusOK
+		select {
+		case <-done:
+		case <-r.Context().Done():
+			return
+		case <-soft:
+			h.cfg.Logger.Warn("webhook upstream slower than the timeout; holding the event until it answers", "id", key,
+				"timeout", h.cfg.Timeout, "max_wait", h.cfg.MaxUpstream)
+			w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(key, nil)))
+			writeJSON(w, http.StatusGatewayTimeout, "in-progress", map[string]any{"id": key,
+				"error": fmt.Sprintf("the upstream has not answered within %v; the delivery goes on and holds the event until it answers (at most %v); retry later", h.cfg.Timeout, h.cfg.MaxUpstream)})
+			return
 		}
-		if rec.code < 200 || rec.code > 299 {
-			return errStatus{rec.code}
-		}
-		return nil
-	}, opts...)
-	log := h.cfg.Logger.With("id", string(id), "outcome", res.Outcome.String())
+	}
+	if panicked != nil {
+		panic(panicked)
+	}
+	log := h.cfg.Logger.With("id", key, "outcome", res.Outcome.String())
 
 	switch res.Outcome {
 	case client.OutcomeProcessed:
@@ -211,23 +358,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.send(w, "processed")
 	case client.OutcomeDuplicate:
 		log.Debug("webhook duplicate")
-		fields := map[string]any{"id": string(id)}
+		fields := map[string]any{"id": key}
 		if res.Record != nil {
 			fields["first_seen"] = res.Record.FirstSeen
 		}
 		writeJSON(w, http.StatusOK, "duplicate", fields)
 	case client.OutcomeInProgress:
-		retry := 1
-		if res.Record != nil {
-			retry = max(1, int(math.Ceil(time.Until(res.Record.Expires).Seconds())))
-		}
-		w.Header().Set("Retry-After", strconv.Itoa(retry))
-		writeJSON(w, http.StatusConflict, "in-progress", map[string]any{"id": string(id), "error": "this event is being processed by an earlier delivery; retry later"})
+		w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(key, res.Record)))
+		writeJSON(w, http.StatusConflict, "in-progress", map[string]any{"id": key, "error": "this event is being processed by an earlier delivery; retry later"})
 	case client.OutcomeConflict:
-		writeJSON(w, http.StatusUnprocessableEntity, "conflict", map[string]any{"id": string(id), "error": "this event ID was already delivered with another body"})
+		writeJSON(w, http.StatusUnprocessableEntity, "conflict", map[string]any{"id": key, "error": "this event ID was already delivered with another body"})
 	case client.OutcomeFailed:
 		log.Debug("webhook failed", "status", rec.code, "err", perr)
-		if rec.code == 0 { // panicked before answering: not reached (re-panicked)
+		if rec.code == 0 {
 			rec.code = http.StatusBadGateway
 		}
 		rec.send(w, "failed")
@@ -247,6 +390,36 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, "unavailable", map[string]any{"error": "deduplication store unavailable; retry later"})
 	}
+}
+
+// retryAfter is the Retry-After (whole seconds, at least 1) for a delivery
+// of id that finds it in flight: the time until the earliest moment it may
+// be free. For a delivery this handler holds, that is its Timeout while it
+// has not passed (the sender's wait, within which the handler usually
+// answers), else the lease's current expiry, and never past its
+// MaxUpstream; for one held elsewhere, the lease's expiry (rec).
+func (h *Handler) retryAfter(id string, rec *client.Record) int {
+	now := time.Now()
+	var until time.Time
+	if rec != nil {
+		until = rec.Expires
+	}
+	h.mu.Lock()
+	fl := h.inflight[id]
+	h.mu.Unlock()
+	if fl != nil {
+		end := fl.hard
+		if !fl.soft.IsZero() && now.Before(fl.soft) {
+			end = fl.soft
+		}
+		if until.IsZero() || end.Before(until) {
+			until = end
+		}
+	}
+	if until.IsZero() {
+		return 1
+	}
+	return max(1, int(math.Ceil(until.Sub(now).Seconds())))
 }
 
 // recorder buffers the wrapped handler's answer.
@@ -290,17 +463,14 @@ func writeJSON(w http.ResponseWriter, code int, status string, fields map[string
 // NewProxy returns a reverse proxy to upstream (scheme://host[:port][/base
 // path]) behind the dedup middleware: the ready webhook-proxy. Requests
 // keep their path and query, appended to upstream's path. An upstream that
-// cannot be reached answers 502, one that exceeds cfg.Timeout 504; both
-// release the claim so the sender's retry can succeed.
-func NewProxy(upstream *url.URL, cfg Config) (http.Handler, error) {
+// cannot be reached answers 502 and releases the claim so the sender's
+// retry can succeed; one slower than cfg.Timeout keeps the claim until it
+// answers or cfg.MaxUpstream passes (then 504, released).
+func NewProxy(upstream *url.URL, cfg Config) (*Handler, error) {
 	if upstream == nil || upstream.Scheme == "" || upstream.Host == "" {
 		return nil, fmt.Errorf("webhook: upstream %v: want an absolute URL such as http://127.0.0.1:8080", upstream)
 	}
 	if err := cfg.check(); err != nil {
-		return nil, err
-	}
-	mw, err := Middleware(cfg)
-	if err != nil {
 		return nil, err
 	}
 	rp := &httputil.ReverseProxy{
@@ -319,5 +489,5 @@ func NewProxy(upstream *url.URL, cfg Config) (http.Handler, error) {
 			fmt.Fprintf(w, "upstream: %v\n", err)
 		},
 	}
-	return mw(rp), nil
+	return newHandler(cfg, rp), nil
 }

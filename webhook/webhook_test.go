@@ -173,24 +173,84 @@ func TestProxyUpstreamFailureLetsTheRetrySucceed(t *testing.T) {
 	}
 }
 
-// A timeout upstream answers 504 and releases; the retry succeeds.
-func TestProxyUpstreamTimeoutReleases(t *testing.T) {
+// An upstream slower than the timeout: the sender gets 504 in-progress,
+// but the claim is kept (renewed past its lease) while the upstream works,
+// three redeliveries meanwhile get 409 with an honest Retry-After, and the
+// upstream's late success is committed: it was called exactly once
+// (issue 12 input 6b).
+func TestProxySlowUpstreamCalledOnceForThreeRedeliveries(t *testing.T) {
 	cl := testcluster.Demo(t)
 	u := newUpstream(t)
 	block := make(chan struct{})
 	u.block["evt-3"] = block
+	const lease = time.Second
 	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
-		c.Timeout = 300 * time.Millisecond
+		c.Timeout = 200 * time.Millisecond
+		c.ProcessOptions = []client.ProcessOption{client.WithLease(lease)}
+	})
+	a := deliver(t, srv, "evt-3", "x")
+	if a.code != http.StatusGatewayTimeout || a.status != "in-progress" || a.header.Get("Retry-After") == "" {
+		t.Fatalf("timed-out attempt: %+v, want 504 in-progress with Retry-After", a)
+	}
+	// The lease is renewed while the upstream works: wait until the record
+	// expires later than the first lease could have (so it was renewed),
+	// and well past the moment the first lease would have ended.
+	c := testcluster.Client(t, cl.Addrs())
+	ctx := context.Background()
+	var first time.Time
+	testcluster.WaitFor(t, 30*time.Second, "the lease to be renewed past its first expiry", func() bool {
+		res, err := c.Check(ctx, "hooks", [][]byte{[]byte("evt-3")}, client.Linearizable)
+		if err != nil || res[0].Record == nil || res[0].Record.State != client.StateLeased {
+			return false
+		}
+		if first.IsZero() {
+			first = res[0].Record.Expires
+		}
+		return res[0].Record.Expires.After(first.Add(2 * lease))
+	})
+	for i := range 3 {
+		a := deliver(t, srv, "evt-3", "x")
+		if a.code != http.StatusConflict || a.status != "in-progress" {
+			t.Fatalf("redelivery %d while the upstream works: %+v, want 409 in-progress", i+1, a)
+		}
+		// Past the timeout, the earliest the event may be free is the
+		// lease's current expiry: at most the 1 s lease away.
+		if ra, err := strconv.Atoi(a.header.Get("Retry-After")); err != nil || ra != 1 {
+			t.Fatalf("redelivery %d: Retry-After %q, want 1 (the lease's time left, rounded up)", i+1, a.header.Get("Retry-After"))
+		}
+	}
+	close(block)
+	testcluster.WaitFor(t, 30*time.Second, "the late upstream success to be committed", func() bool {
+		return deliver(t, srv, "evt-3", "x").status == "duplicate"
+	})
+	if n := u.count("evt-3"); n != 1 {
+		t.Fatalf("upstream got evt-3 %d times, want exactly once", n)
+	}
+}
+
+// Past MaxUpstream the upstream's context ends and the claim is released:
+// the next delivery goes upstream again.
+func TestProxyMaxUpstreamReleases(t *testing.T) {
+	cl := testcluster.Demo(t)
+	u := newUpstream(t)
+	u.block["evt-5"] = make(chan struct{}) // never answers
+	srv := startProxy(t, newBatcher(t, cl), u, func(c *webhook.Config) {
+		c.Timeout = 100 * time.Millisecond
+		c.MaxUpstream = 500 * time.Millisecond
 		c.ProcessOptions = []client.ProcessOption{client.WithLease(time.Hour)}
 	})
-	if a := deliver(t, srv, "evt-3", "x"); a.code != http.StatusGatewayTimeout || a.status != "failed" {
-		t.Fatalf("timed-out attempt: %+v, want 504 failed", a)
+	if a := deliver(t, srv, "evt-5", "x"); a.code != http.StatusGatewayTimeout || a.status != "in-progress" {
+		t.Fatalf("first attempt: %+v", a)
 	}
+	<-u.entered
 	u.mu.Lock()
-	delete(u.block, "evt-3")
+	delete(u.block, "evt-5")
 	u.mu.Unlock()
-	if a := deliver(t, srv, "evt-3", "x"); a.code != http.StatusCreated || a.status != "processed" {
-		t.Fatalf("retry: %+v", a)
+	testcluster.WaitFor(t, 30*time.Second, "a redelivery to reach the upstream after the hard limit", func() bool {
+		return deliver(t, srv, "evt-5", "x").status == "processed"
+	})
+	if n := u.count("evt-5"); n != 2 {
+		t.Fatalf("upstream got evt-5 %d times, want 2 (the abandoned call and the retry)", n)
 	}
 }
 
