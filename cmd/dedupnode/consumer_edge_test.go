@@ -3,10 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -73,6 +79,13 @@ func TestDemoAndWebhookUsageErrors(t *testing.T) {
 		{"webhook-proxy", "--upstream", "ftp://x", "--id-header", "Webhook-Id"},
 		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--id-content"},
 		{"webhook-proxy", "--upstream", "http://127.0.0.1:9"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature", "github"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature", "gitlab", "--signature-secret-env", "PATH"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature", "hmac", "--signature-secret-env", "PATH"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature", "github", "--signature-secret-env", "DEDUPNODE_TEST_UNSET_SECRET"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature", "github", "--signature-secret-file", "/nonexistent/secret"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--signature-secret-env", "PATH"},
+		{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "A", "--upstream-timeout", "1m", "--upstream-max-wait", "30s"},
 	} {
 		var stdout, stderr edgeBuffer
 		if code := run(ctx, args, strings.NewReader(""), &stdout, &stderr); code != exitUsage {
@@ -113,13 +126,18 @@ func TestWebhookProxyCommand(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secretFile, []byte("rotated-out\nwhsec_cmd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr edgeBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"webhook-proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL + "/hooks",
-			"--id-json-field", "id", "--namespace", "stripe-events", "--addr", strings.Join(cl.Addrs(), ",")},
+			"--id-json-field", "id", "--namespace", "stripe-events", "--addr", strings.Join(cl.Addrs(), ","),
+			"--signature", "stripe", "--signature-secret-file", secretFile},
 			strings.NewReader(""), &stdout, &stderr)
 	}()
 	re := regexp.MustCompile(`listening on (http://\S+),`)
@@ -141,13 +159,27 @@ func TestWebhookProxyCommand(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	post := func() (int, string) {
-		resp, err := http.Post(base+"/stripe", "application/json", strings.NewReader(`{"id":"evt_1","type":"charge.succeeded"}`))
+	const body = `{"id":"evt_1","type":"charge.succeeded"}`
+	sign := func(secret string) string {
+		ts := fmt.Sprint(time.Now().Unix())
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte(ts + "." + body))
+		return "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
+	}
+	postSigned := func(sig string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/stripe", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Stripe-Signature", sig)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		return resp.StatusCode, resp.Header.Get("Dedupnode-Status")
+	}
+	post := func() (int, string) { return postSigned(sign("whsec_cmd")) }
+	if code, st := postSigned(sign("whsec_forged")); code != http.StatusUnauthorized || st != "bad-signature" {
+		t.Fatalf("forged delivery: %d %s", code, st)
 	}
 	if code, st := post(); code != http.StatusOK || st != "processed" {
 		t.Fatalf("first delivery: %d %s", code, st)
