@@ -253,8 +253,12 @@ func (b *kafkaBroker) NewConsumer(_ context.Context, spec ConsumerSpec) (Consume
 		kgo.ConsumerGroup(kafkaGroup),
 		kgo.ConsumeTopics(kafkaTopic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.SessionTimeout(3*time.Second),
-		kgo.HeartbeatInterval(300*time.Millisecond),
+		// A crashed consumer's partitions move after the session timeout;
+		// a rebalance waits for the members (a killed one never answers)
+		// at most the rebalance timeout (Kafka's default is a minute).
+		kgo.SessionTimeout(2*time.Second),
+		kgo.RebalanceTimeout(3*time.Second),
+		kgo.HeartbeatInterval(200*time.Millisecond),
 		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.Dialer(c.kill.Dial),
 		// A killed client gives up at once instead of retrying its dead

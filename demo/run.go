@@ -414,6 +414,8 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 		_ = bar.Set64(int64(sum.Published))
 		_ = bar.Finish()
 	}
+	// The last percent may have been acknowledged between two ticks.
+	to99.CompareAndSwap(0, int64(elapsed))
 	if d := time.Duration(to99.Load()); d > 0 {
 		sum.SecondsTo99 = d.Seconds()
 		sum.MessagesPerSecondTo99 = float64(sum.Published) * 0.99 / d.Seconds()
