@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -84,5 +85,39 @@ func TestDemoRefusesToKillNodesItDoesNotOwn(t *testing.T) {
 	cfg.KillLeaderEvery = time.Second
 	if _, err := Run(context.Background(), cfg); err == nil {
 		t.Fatal("Run accepted --kill-leader-every with an external cluster")
+	}
+}
+
+// The demo on Kafka (an in-process kfake cluster, consumers through
+// kafkadedup): consumers crash (their connections cut, nothing more
+// committed; the group moves their partitions after the session timeout)
+// and the dedupnode leader is killed, and every event still takes effect
+// exactly once.
+func TestDemoOnKafka(t *testing.T) {
+	cfg := smallConfig(t)
+	cfg.Broker = "kafka"
+	cfg.Messages = 600
+	cfg.Consumers = 2
+	cfg.Workers = 8
+	cfg.CrashRate = 0.01
+	cfg.Lease = 2 * time.Second
+	cfg.KillLeaderEvery = 5 * time.Second
+	s, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOK(t, s)
+	if s.Broker != "kafka" || s.LeaderKills == 0 || s.ConsumerCrashes == 0 || s.Redeliveries == 0 ||
+		s.DuplicatesSuppressed < int64(s.ProducerRetries+s.Replayed) {
+		t.Fatalf("want a leader kill, a consumer crash, redeliveries and every republished event suppressed: %+v", s)
+	}
+	t.Logf("%+v", s)
+}
+
+func TestDemoUnknownBroker(t *testing.T) {
+	cfg := smallConfig(t)
+	cfg.Broker = "kafak"
+	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrUnknownBroker) {
+		t.Fatalf("Run with broker %q: %v, want ErrUnknownBroker", cfg.Broker, err)
 	}
 }

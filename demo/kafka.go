@@ -115,6 +115,13 @@ func (k *KillSwitch) Dial(ctx context.Context, network, host string) (net.Conn, 
 	return c, nil
 }
 
+// Killed reports whether Kill was called.
+func (k *KillSwitch) Killed() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.dead
+}
+
 // Kill closes every connection and refuses new ones.
 func (k *KillSwitch) Kill() {
 	k.mu.Lock()
@@ -282,8 +289,16 @@ type kafkaConsumer struct {
 func (c *kafkaConsumer) Kill() { c.kill.Kill() }
 
 func (c *kafkaConsumer) Run(ctx context.Context) error {
-	defer c.cl.Close()
-	return c.d.Run(ctx, c.cl)
+	err := c.d.Run(ctx, c.cl)
+	if c.kill.Killed() {
+		// A killed process does not leave its group (its partitions move
+		// after the session timeout): close without waiting to leave.
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_ = c.cl.LeaveGroupContext(cctx)
+	}
+	c.cl.Close()
+	return err
 }
 
 func (c *kafkaConsumer) observe(rec *kgo.Record, r kafkadedup.Result) {

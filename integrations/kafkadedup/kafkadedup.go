@@ -92,6 +92,13 @@ func ContentID() IDFunc {
 	return func(rec *kgo.Record) ([]byte, error) { return msgid.Content(rec.Value), nil }
 }
 
+// DebeziumID derives the ID from a Debezium change event, the record's key
+// and value (msgid.DebeziumID): an event that a restarted connector emits
+// again gets the same ID. Tombstones and heartbeats have none (skipped).
+func DebeziumID() IDFunc {
+	return func(rec *kgo.Record) ([]byte, error) { return msgid.DebeziumID(rec.Key, rec.Value) }
+}
+
 // FirstID tries each IDFunc in turn and returns the first ID found; it
 // fails with the last error when none yields one.
 func FirstID(fns ...IDFunc) IDFunc {
@@ -411,7 +418,7 @@ func (c *Consumer) Run(ctx context.Context, cl *kgo.Client) error {
 		cwg.Wait()
 		// What finished is committed even though ctx ended: its effects
 		// happened. A closed (crashed) client simply fails to.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		c.commit(fctx, cl, nil)
 	}

@@ -467,3 +467,54 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// A Debezium connector that restarts re-emits the change events after its
+// last recorded offset: the topic holds them twice, with new processing
+// times. DebeziumID gives the copies the IDs of the originals, so each
+// change takes effect once; the tombstone after a delete is skipped.
+func TestDebeziumReEmittedEventsTakeEffectOnce(t *testing.T) {
+	e := setup(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	change := func(lsn, id int, op, processedAt string) *kgo.Record {
+		v := fmt.Sprintf(`{"schema":{"type":"struct"},"payload":{"before":null,"after":{"id":%d},`+
+			`"source":{"connector":"postgresql","name":"dbserver1","ts_ms":1701423000000,"db":"inventory",`+
+			`"schema":"public","table":"customers","txId":556,"lsn":%d},"op":%q,"ts_ms":%s}}`, id, lsn, op, processedAt)
+		return &kgo.Record{Key: []byte(fmt.Sprintf(`{"id":%d}`, id)), Value: []byte(v)}
+	}
+	var first, again []*kgo.Record
+	for i := range 5 {
+		first = append(first, change(1000+i, 1001+i, "c", "1701423000100"))
+		again = append(again, change(1000+i, 1001+i, "c", "1701423999999")) // after the restart
+	}
+	tombstone := &kgo.Record{Key: []byte(`{"id":1001}`)}
+	e.produce(ctx, append(append(first, tombstone), again...)...)
+
+	var mu sync.Mutex
+	applied := map[string]int{}
+	var ob outcomes
+	e.start(t, "g-cdc", kafkadedup.Config{
+		Handler: func(ctx context.Context, rec *kgo.Record) error {
+			mu.Lock()
+			defer mu.Unlock()
+			applied[string(rec.Key)]++
+			return nil
+		},
+		ID:      kafkadedup.DebeziumID(),
+		Observe: ob.observe,
+	})
+	e.waitCommitted(t, "g-cdc", 11)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != 5 {
+		t.Fatalf("applied %v, want 5 changes", applied)
+	}
+	for k, n := range applied {
+		if n != 1 {
+			t.Errorf("change %s took effect %d times", k, n)
+		}
+	}
+	if ob.get("duplicate") != 5 || ob.get("skip") != 1 {
+		t.Fatalf("outcomes %v: want the 5 re-emitted events duplicate and the tombstone skipped", ob.n)
+	}
+}

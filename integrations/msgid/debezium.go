@@ -52,9 +52,14 @@ const MaxDebeziumIDLen = 256
 // are left out. A key longer than 128 bytes enters as its SHA-256, and an
 // ID longer than MaxDebeziumIDLen is replaced by its SHA-256. Events
 // from other connectors fail with ErrUnsupportedConnector; an event
-// missing a position field fails naming it. Heartbeats and schema-change
-// events carry no row change and fail with ErrNoID.
+// missing a position field fails naming it. Heartbeats, schema-change
+// events and tombstones carry no row change and fail with ErrNoID.
 func DebeziumID(key, value []byte) ([]byte, error) {
+	if v := bytes.TrimSpace(value); len(v) == 0 || string(v) == "null" {
+		// The tombstone Kafka Connect writes after a delete, for log
+		// compaction: no change to apply.
+		return nil, fmt.Errorf("%w: debezium tombstone (empty value)", ErrNoID)
+	}
 	ch, err := ParseDebezium(value)
 	if err != nil {
 		return nil, err

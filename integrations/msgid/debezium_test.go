@@ -147,6 +147,8 @@ func TestDebeziumIDErrors(t *testing.T) {
 		{"two values", `{} {}`, "more than one value", nil},
 		{"array", `[]`, "want a JSON object", nil},
 		{"heartbeat", `{"ts_ms":1701423000000}`, "no source block", ErrNoID},
+		{"tombstone", ``, "tombstone", ErrNoID},
+		{"null tombstone", `null`, "tombstone", ErrNoID},
 		{"no lsn", pgEvent(strings.Replace(pgSource, `"lsn":24023128`, `"lsn":null`, 1), "1"), "source.lsn is missing", nil},
 		{"no binlog pos", mysqlEvent(strings.Replace(mysqlSource, `"pos":805,`, ``, 1), "1"), "source.pos is missing", nil},
 		{"bad file", mysqlEvent(strings.Replace(mysqlSource, `"file":"mysql-bin.000003"`, `"file":{}`, 1), "1"), "source.file is an object", nil},

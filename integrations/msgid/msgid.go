@@ -1,6 +1,8 @@
 // Package msgid extracts message IDs from message bodies for the
-// dedupnode integrations (NATS, Watermill, webhooks): a field of a JSON
-// body, or the body's content hash when the producer set no ID.
+// dedupnode integrations (NATS, Kafka, RabbitMQ, Watermill, webhooks): a
+// field of a JSON body, the body's content hash when the producer set no
+// ID, or, for change data capture, the source position of a Debezium
+// change event (DebeziumID).
 package msgid
 
 import (
