@@ -16,11 +16,18 @@ import (
 // Apply applies one Raft log entry (raft.FSM). See ApplyBatch.
 func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 
-// ApplyBatch applies entries in one Pebble batch (raft.BatchingFSM) and
-// returns one response per entry: *ApplyResult for a command, *ApplyErr for
-// an entry that fails to decode (skipped alike on every replica), nil for
-// non-command entries and for replays (index at or below the persisted
-// applied index, which is written in the same batch as the data).
+// ApplyBatch applies entries (raft.BatchingFSM) and returns one response
+// per entry: *ApplyResult for a command, *ApplyErr for an entry that fails
+// to decode (skipped alike on every replica), nil for non-command entries
+// and for replays (index at or below the applied index).
+//
+// Writes go to the FSM's write buffer (DESIGN.md, "Write buffer"): a
+// pending Pebble batch plus the overlay that makes its records visible to
+// lookups and Check. The buffer is committed, with the applied index in the
+// same batch, once it is large enough for Pebble to take it as a flushable
+// batch, or holds maxBuffered records or entries; Snapshot, DigestState and
+// Close commit it first. Replicas may commit at different points; the
+// state they reach does not depend on where.
 //
 // A storage failure panics: a replica that cannot apply must stop rather
 // than diverge.
@@ -32,11 +39,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		panic("fsm: apply after Close")
 	}
 	a := f.applier
-	a.f, a.b = f, f.db.NewBatch()
-	defer func() {
-		a.b.Close()
-		a.reset()
-	}()
+	if a.b == nil {
+		a.b = f.db.NewBatch()
+	}
 	advanced := false
 	for i, l := range logs {
 		if l.Index <= f.st.applied {
@@ -51,22 +56,55 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 			}
 		}
 		f.st.applied, f.st.appliedTerm = l.Index, l.Term
+		a.entries++
 		advanced = true
 	}
 	if !advanced {
 		return out
 	}
 	a.foldHot()
-	a.flushCounts()
-	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
-	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
-	must(a.b.Commit(pebble.NoSync))
-	if len(a.dropped) > 0 {
-		f.bg.compact(a.dropped)
+	if a.full() {
+		f.flushLocked()
 	}
 	close(f.notify)
 	f.notify = make(chan struct{})
 	return out
+}
+
+// full reports whether the write buffer should be committed now: Pebble
+// takes it without skiplist inserts, it reached a count bound, or it drops
+// buckets or a namespace (rare: at most one bucket per bucket width and
+// namespace), whose space comes back only once the range deletion is in
+// the database and compacted.
+func (a *applier) full() bool {
+	lim := a.f.cfg.Buffer
+	return len(a.dropped) > 0 || a.f.db.LargeBatch(a.b) ||
+		len(a.ov.slots) >= lim.MaxRecords ||
+		a.entries >= lim.MaxEntries ||
+		(lim.MaxBytes > 0 && a.b.Len() >= lim.MaxBytes)
+}
+
+// flushLocked commits the write buffer with the bucket counts, applied
+// index and last timestamp it covers, in one Pebble batch (unsynced, like
+// every apply before the buffer: see DESIGN.md, Durability), then empties
+// it. A crash loses the buffer and nothing else: Pebble holds a state as
+// of its persisted applied index, and Raft replays the entries after it.
+// REQUIRES: f.mu held exclusively.
+func (f *FSM) flushLocked() {
+	a := f.applier
+	if f.st.applied == f.persisted || a.b == nil {
+		return
+	}
+	a.foldHot()
+	a.flushCounts()
+	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
+	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
+	must(a.b.Commit(pebble.NoSync))
+	f.persisted = f.st.applied
+	if len(a.dropped) > 0 {
+		f.bg.compact(a.dropped)
+	}
+	a.discard()
 }
 
 func must(err error) {
@@ -75,17 +113,25 @@ func must(err error) {
 	}
 }
 
-// applier holds the working state of one ApplyBatch. The FSM keeps one
-// and reuses its maps and buffers from batch to batch (ApplyBatch runs on
-// one goroutine under f.mu).
+// applier holds the write buffer and the working state of ApplyBatch (one
+// goroutine, under f.mu held exclusively). The buffer (b, ov, dirty,
+// dropped, entries) lives from one flush to the next; the rest is per item.
 type applier struct {
 	f *FSM
+	// b is the pending Pebble batch: every write since the last flush, in
+	// apply order (a later write of a key, or a range deletion, supersedes
+	// an earlier one as in any Pebble batch). nil after a flush.
 	b *pebble.Batch
-	// ov overlays records written in this batch (not yet visible in the
-	// database), keyed by HashKey(nsID, id).
-	ov      overlay
+	// ov overlays the records written since the last flush (not yet
+	// visible in the database), keyed by HashKey(nsID, id). Check reads
+	// it under f.mu shared.
+	ov overlay
+	// dirty holds the buckets whose count changed since the last flush;
+	// dropped the ranges deleted since, compacted after the flush;
+	// entries counts the Raft entries applied since.
 	dirty   map[bloom.Key]struct{}
 	dropped []keyRange
+	entries int
 	now     int64
 	index   uint64
 	// hbuf is the current item's HashKey and sc.probe its Bloom probe,
@@ -104,21 +150,26 @@ type applier struct {
 	hotSet bool
 }
 
-// maxReusedOverlay bounds the overlay kept between batches: a map that grew
-// for one huge batch is dropped rather than held forever.
-const maxReusedOverlay = 1 << 16
+// maxReusedOverlay bounds the overlay kept between flushes: one that grew
+// past the configured buffer (a huge single entry) is dropped rather than
+// held forever.
+const maxReusedOverlay = 1 << 18
 
-// reset clears the per-batch state, keeping allocations for the next batch.
-func (a *applier) reset() {
+// discard empties the write buffer (after a flush, or when a restore
+// replaces the state it was written against), keeping allocations.
+func (a *applier) discard() {
+	if a.b != nil {
+		a.b.Close()
+		a.b = nil
+	}
 	a.ov.reset()
 	if a.dirty == nil {
 		a.dirty = make(map[bloom.Key]struct{})
 	} else {
 		clear(a.dirty)
 	}
-	a.f, a.b = nil, nil
 	a.dropped = nil // handed to the compactor
-	a.now, a.index = 0, 0
+	a.entries = 0
 	a.hot, a.hotN, a.hotSet = bloom.Key{}, 0, false
 }
 
@@ -133,11 +184,41 @@ type ovEntry struct {
 // the newest slot with that hash, slots with equal hashes are chained, and
 // full keys are compared. The hash only finds slots, never decides a
 // result, so its random seed does not make apply nondeterministic.
+//
+// The overlay outlives the entries that wrote it, so it copies each
+// record's token and digest into arena chunks it owns. A chunk is never
+// reused (reset starts a new one): records handed out by lookups alias it
+// and may still be read, e.g. in an ApplyResult being sent to a client.
 type overlay struct {
 	seed  maphash.Seed
 	idx   map[uint64]int
 	slots []ovSlot
 	keys  []byte
+	arena []byte
+}
+
+// arenaChunk is the size of one arena chunk.
+const arenaChunk = 64 << 10
+
+// own returns a copy of p in the arena (nil for an empty p).
+func (o *overlay) own(p []byte) []byte {
+	if len(p) == 0 {
+		return nil
+	}
+	if cap(o.arena)-len(o.arena) < len(p) {
+		o.arena = make([]byte, 0, max(arenaChunk, len(p)))
+	}
+	n := len(o.arena)
+	o.arena = append(o.arena, p...)
+	return o.arena[n : n+len(p) : n+len(p)]
+}
+
+// each calls fn for every key and entry of the overlay.
+func (o *overlay) each(fn func(k []byte, e *ovEntry)) {
+	for i := range o.slots {
+		s := &o.slots[i]
+		fn(o.keys[s.off:s.off+s.n], &s.e)
+	}
 }
 
 type ovSlot struct {
@@ -177,6 +258,7 @@ func (o *overlay) getHash(h uint64, k []byte) (ovEntry, bool) {
 func (o *overlay) put(k []byte, e ovEntry) { o.putHash(maphash.Bytes(o.seed, k), k, e) }
 
 func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
+	e.rec.Token, e.rec.Digest = o.own(e.rec.Token), o.own(e.rec.Digest)
 	if i := o.find(h, k); i >= 0 {
 		o.slots[i].e = e
 		return
@@ -198,8 +280,8 @@ func (o *overlay) reset() {
 		return
 	}
 	clear(o.idx)
-	clear(o.slots) // drop references to records of the last batch
-	o.slots, o.keys = o.slots[:0], o.keys[:0]
+	clear(o.slots) // drop references to the arena
+	o.slots, o.keys, o.arena = o.slots[:0], o.keys[:0], nil
 }
 
 func (a *applier) command(index uint64, cmd *Command) *ApplyResult {
@@ -372,25 +454,12 @@ func lost(rec Record, live bool) ItemResult {
 	return ItemResult{Code: CodeLeaseLost, Record: rec}
 }
 
-// lookup finds the stored record of id in ns, if any (live or not): first
-// in this batch's overlay, then in each live bucket of the namespace whose
-// filter says "maybe" (all of them while the filters are rebuilding).
+// lookup finds the stored record of id in ns, if any (live or not); see
+// FSM.lookupLocked. A record read from the database is cloned.
 func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, bool) {
-	if e, ok := a.ov.get(hkey); ok {
-		if !e.present {
-			return Record{}, 0, false
-		}
-		// A later entry of this batch may have dropped the bucket the
-		// record was written to: then it is gone, as it would be had the
-		// entries been applied one by one.
-		if _, live := a.f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: e.bucket}]; live {
-			return e.rec, e.bucket, true
-		}
-		return Record{}, 0, false
-	}
-	rec, bucket, found, err := a.f.lookupStored(ns, id, &a.sc)
+	rec, bucket, found, fromDB, err := a.f.lookupLocked(ns, id, hkey, &a.sc)
 	must(err)
-	if found {
+	if found && fromDB {
 		rec = rec.clone()
 	}
 	return rec, bucket, found
@@ -398,9 +467,7 @@ func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, 
 
 // write stores rec for id, moving it out of oldBucket if it lived there.
 // REQUIRES: id is the current item's (a.hbuf and a.sc.probe are its).
-// rec's byte slices must stay valid for the batch and never be mutated:
-// they alias the command being applied or a record already cloned by
-// lookup, so the overlay keeps them without copying.
+// The overlay copies rec's byte slices (they alias the command).
 func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint64, rec *Record) {
 	nb := uint64(rec.ExpiresMs / ns.BucketWidthMs)
 	if had && oldBucket != nb {
@@ -574,8 +641,8 @@ func (a *applier) deleteNamespace(name string) OpResult {
 	}
 	delete(st.buckets, ns.ID)
 	a.f.filters.DropNamespace(ns.ID)
-	// Overlay entries of the namespace are unreachable: a namespace created
-	// later gets a new ID.
+	// Buffered records of the namespace are unreachable: a namespace
+	// created later gets a new ID.
 	must(a.b.Delete(storage.NamespaceKey(name), nil))
 	delete(st.namespaces, name)
 	delete(st.nsByID, ns.ID)

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"time"
 
@@ -55,9 +56,9 @@ func (f *FSM) compactFilters(ctx context.Context) error {
 
 func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 	// Begin and snapshot under f.mu: apply holds it exclusively while it
-	// adds IDs to the filters and commits them, so every record is either
-	// in the snapshot or added after BeginCompact (and so OR-ed in by
-	// Finish): no false negative.
+	// adds IDs to the filters and writes them, so every record is in the
+	// snapshot, in the write buffer (added here), or added after
+	// BeginCompact (and so OR-ed in by Finish): no false negative.
 	f.mu.RLock()
 	n, live := f.st.counts[k]
 	var cp *bloom.Compaction
@@ -68,6 +69,12 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 		f.mu.RUnlock()
 		return nil
 	}
+	f.applier.ov.each(func(hkey []byte, e *ovEntry) {
+		// hkey is HashKey(nsID, id): the namespace ID comes first.
+		if e.present && e.bucket == k.Bucket && binary.BigEndian.Uint32(hkey) == k.Namespace {
+			cp.Add(hkey)
+		}
+	})
 	snap := f.db.NewSnapshot()
 	f.mu.RUnlock()
 	defer snap.Close()

@@ -32,9 +32,8 @@ type StateDigest struct {
 var ErrClosed = errors.New("fsm closed")
 
 // DigestState hashes the whole state and returns the digest with the
-// applied index it covers: both come from one Pebble snapshot
-// taken under the read lock, and apply commits a batch (data and applied
-// index together) under the write lock, so the index is exactly the
+// applied index it covers: it commits the write buffer and takes one
+// Pebble snapshot under the write lock, so the index is exactly the
 // state's. The scan runs on the snapshot without the lock: applies go on
 // meanwhile. Cost: one pass over every key (O(records)); ctx is checked
 // every few thousand keys.
@@ -46,12 +45,15 @@ var ErrClosed = errors.New("fsm closed")
 // the log is invisible to the scan: Pebble's compaction of a dropped range
 // only reclaims space, and the Bloom filters live outside the database.
 func (f *FSM) DigestState(ctx context.Context) (StateDigest, error) {
-	f.mu.RLock()
+	f.mu.Lock()
 	d := StateDigest{AppliedIndex: f.st.applied, AppliedTerm: f.st.appliedTerm, LastTsMs: f.st.lastTs}
+	if !f.closed && !f.swapping {
+		f.flushLocked()
+	}
 	// Pinned: Close and Restore wait for the scan, as they do for a
 	// snapshot being persisted.
 	snap, err := f.pinSnapshotLocked()
-	f.mu.RUnlock()
+	f.mu.Unlock()
 	if err != nil {
 		return StateDigest{}, err
 	}

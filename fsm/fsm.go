@@ -23,6 +23,34 @@ type Config struct {
 	Bloom   bloom.Config
 	Storage storage.Options
 	Logger  *slog.Logger
+	// Buffer bounds the write buffer (DESIGN.md, "Write buffer").
+	Buffer BufferLimits
+}
+
+// BufferLimits bound the write buffer: it is committed to Pebble when
+// Pebble would take it as a flushable batch (about half the memtable,
+// storage.DB.LargeBatch) or when it reaches any of these. Zero fields take
+// the defaults; tests set small ones to flush often.
+type BufferLimits struct {
+	// MaxRecords bounds the records (writes and removals of distinct IDs)
+	// held in the overlay (default 1<<17).
+	MaxRecords int
+	// MaxEntries bounds the Raft entries applied since the last commit,
+	// and so the replay after a crash (default 1<<14).
+	MaxEntries int
+	// MaxBytes, if > 0, commits once the pending batch holds this many
+	// bytes, before Pebble's large-batch size.
+	MaxBytes int
+}
+
+func (l BufferLimits) withDefaults() BufferLimits {
+	if l.MaxRecords <= 0 {
+		l.MaxRecords = 1 << 17
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = 1 << 14
+	}
+	return l
 }
 
 // FSM is dedupnode's replicated state machine: it applies Commands from the
@@ -48,7 +76,10 @@ type FSM struct {
 	closed      bool
 	swapping    bool       // Restore is swapping the database: no new pinned snapshots
 	lastDropped []keyRange // ranges to compact, handed to the compactor
-	applier     *applier   // ApplyBatch's reusable working state
+	applier     *applier   // the write buffer and ApplyBatch's working state
+	// persisted is the applied index stored in the database: st.applied
+	// once the write buffer is committed, below it while it holds entries.
+	persisted uint64
 }
 
 // state is the in-memory mirror of the small, hot part of the database:
@@ -89,6 +120,7 @@ func New(cfg Config) (*FSM, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.Buffer = cfg.Buffer.withDefaults()
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create fsm dir: %w", err)
 	}
@@ -99,7 +131,8 @@ func New(cfg Config) (*FSM, error) {
 		notify:  make(chan struct{}),
 		applier: &applier{},
 	}
-	f.applier.reset()
+	f.applier.f = f
+	f.applier.discard()
 	if err := f.open(); err != nil {
 		return nil, err
 	}
@@ -120,6 +153,7 @@ func (f *FSM) open() error {
 	}
 	f.db = db
 	f.st = st
+	f.persisted = st.applied
 	f.loadFilters()
 	f.bg = startBackground(f)
 	return nil
@@ -306,6 +340,9 @@ func (f *FSM) Close() error {
 	f.persistWG.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// Commit the write buffer: the saved filters cover st.applied, and
+	// load only if the database's applied index is the same.
+	f.flushLocked()
 	if f.filters.Ready() {
 		if err := f.saveFilters(); err != nil {
 			f.log.Warn("bloom filters not saved; the next start rebuilds them", "err", err)
@@ -314,12 +351,22 @@ func (f *FSM) Close() error {
 	return f.db.Close()
 }
 
-// AppliedIndex returns the index of the last Raft entry whose effects are
-// stored (persisted atomically with them).
+// AppliedIndex returns the index of the last Raft entry applied: its
+// effects are visible to reads, in the database or still in the write
+// buffer. At open it is the index persisted with the database's data.
 func (f *FSM) AppliedIndex() uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.st.applied
+}
+
+// PersistedIndex returns the applied index stored in the database with the
+// data it covers (AppliedIndex less the entries in the write buffer): after
+// a crash the FSM reopens at this index and Raft replays what follows.
+func (f *FSM) PersistedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.persisted
 }
 
 // LastTimestamp returns the largest command timestamp applied (Unix ms).

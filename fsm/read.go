@@ -16,6 +16,31 @@ type lookupScratch struct {
 	vbuf  []byte
 }
 
+// lookupLocked finds the record of id in ns (hkey = HashKey(ns.ID, id)):
+// first in the write buffer's overlay, whose entries shadow the database
+// (a buffered removal hides the stored record, which the pending batch
+// deletes), then in the database (lookupStored). fromDB tells which: a
+// stored record aliases sc.vbuf; a buffered one aliases the overlay's
+// arena, never reused. REQUIRES: f.mu held (shared or exclusive) and
+// sc.probe Reset to hkey.
+func (f *FSM) lookupLocked(ns *NamespaceConfig, id, hkey []byte, sc *lookupScratch) (rec Record, bucket uint64, found, fromDB bool, err error) {
+	if e, ok := f.applier.ov.get(hkey); ok {
+		if !e.present {
+			return Record{}, 0, false, false, nil
+		}
+		// An expiry drop after the write may have deleted the record's
+		// bucket (the pending batch holds the range deletion): then the
+		// record is gone. A dropped bucket never comes back: every write
+		// expires after the apply's time, so into a later bucket.
+		if _, live := f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: e.bucket}]; live {
+			return e.rec, e.bucket, true, false, nil
+		}
+		return Record{}, 0, false, false, nil
+	}
+	rec, bucket, found, err = f.lookupStored(ns, id, sc)
+	return rec, bucket, found, true, err
+}
+
 // lookupStored finds the stored record of id in ns by probing the
 // namespace's live buckets, newest first, skipping buckets whose Bloom
 // filter says "definitely not" once the filters are ready (one hash per ID
@@ -92,7 +117,7 @@ func (f *FSM) Check(nsName string, ids [][]byte, nowMs int64) ([]ItemResult, err
 		}
 		hkey = bloom.HashKey(hkey[:0], ns.ID, id)
 		sc.probe.Reset(hkey)
-		rec, _, found, err := f.lookupStored(ns, id, &sc)
+		rec, _, found, _, err := f.lookupLocked(ns, id, hkey, &sc)
 		f.mu.RUnlock()
 		if err != nil {
 			return nil, err

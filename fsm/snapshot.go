@@ -32,12 +32,17 @@ var ErrBadSnapshot = errors.New("bad snapshot")
 
 // Snapshot returns a consistent point-in-time view (raft.FSM). Called on the
 // FSM goroutine between applies; Persist then streams it from another
-// goroutine while applies continue. Before returning, it syncs Pebble's WAL,
-// so every entry up to the snapshot index is durable in Pebble: the Raft log
-// may then be truncated up to that index (see DESIGN.md).
+// goroutine while applies continue. Before returning, it commits the write
+// buffer and syncs Pebble's WAL, so every entry up to the snapshot index is
+// durable in Pebble: the Raft log may then be truncated up to that index
+// (see DESIGN.md).
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closed {
+		return nil, ErrClosed
+	}
+	f.flushLocked()
 	if err := f.db.LogData(nil, pebble.Sync); err != nil {
 		return nil, fmt.Errorf("sync before snapshot: %w", err)
 	}
@@ -285,6 +290,8 @@ func (f *FSM) swapIn(dir string) error {
 	f.persistWG.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// The write buffer holds changes to the state being replaced.
+	f.applier.discard()
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("close live db: %w", err)
 	}

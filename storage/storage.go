@@ -26,6 +26,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/sstable"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Key prefixes.
@@ -128,12 +129,40 @@ type Options struct {
 	MemTableBytes uint64
 	// Logger receives Pebble's errors; nil discards them.
 	Logger *slog.Logger
+	// FS is the file system Pebble uses (nil: the OS's). Tests pass
+	// vfs.NewCrashableMem to simulate a crash at any point.
+	FS vfs.FS
 }
 
 // DB is the Pebble database of one FSM.
 type DB struct {
 	*pebble.DB
 	cache *pebble.Cache
+	// largeBatch is Pebble's large-batch threshold for this memtable size:
+	// a committed batch whose memtable footprint reaches it becomes a
+	// flushable batch of its own, queued for flush like a memtable,
+	// without one skiplist insert per key.
+	largeBatch uint64
+}
+
+// Pebble's memtable footprint of one batch entry is its skiplist node at
+// the tallest height plus the key (with an 8-byte trailer) and the value
+// (arenaskl.MaxNodeSize: 20 levels × 8 bytes of links + a 24-byte header
+// + alignment). nodeOverheadLowerBound is a lower bound of that overhead
+// net of the entry's bytes in the batch representation, so
+// LargeBatch never claims a batch is large when Pebble would insert it
+// into the memtable key by key; memtableEmptyBytes is an upper bound of
+// the arena an empty memtable uses (Pebble subtracts it before halving).
+const (
+	nodeOverheadLowerBound = 160
+	memtableEmptyBytes     = 16 << 10
+)
+
+// LargeBatch reports whether committing b hands it to Pebble as a
+// flushable batch (no memtable skiplist insert). It errs on the side of
+// "not yet": a batch it calls large is large to Pebble.
+func (d *DB) LargeBatch(b *pebble.Batch) bool {
+	return uint64(b.Len())+nodeOverheadLowerBound*uint64(b.Count()) >= d.largeBatch
 }
 
 // Open opens (creating if needed) the database in dir.
@@ -153,6 +182,7 @@ func Open(dir string, o Options) (*DB, error) {
 	}
 	cache := pebble.NewCache(o.CacheBytes)
 	opts := &pebble.Options{
+		FS:                         o.FS,
 		Cache:                      cache,
 		MemTableSize:               o.MemTableBytes,
 		FormatMajorVersion:         pebble.FormatNewest,
@@ -171,7 +201,10 @@ func Open(dir string, o Options) (*DB, error) {
 		cache.Unref()
 		return nil, fmt.Errorf("open pebble at %s: %w", dir, err)
 	}
-	return &DB{DB: db, cache: cache}, nil
+	// Pebble: (MemTableSize - empty memtable) / 2; a margin above it, so a
+	// small error in the lower-bound estimate never lands just short.
+	large := (o.MemTableBytes-memtableEmptyBytes)/2 + 64<<10
+	return &DB{DB: db, cache: cache, largeBatch: large}, nil
 }
 
 // Close closes the database and releases the cache.
