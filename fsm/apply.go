@@ -2,6 +2,8 @@ package fsm
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -78,10 +80,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 // the database and compacted.
 func (a *applier) full() bool {
 	lim := a.f.cfg.Buffer
-	return len(a.dropped) > 0 || a.f.db.LargeBatch(a.b) ||
+	bytes, count := a.b.Len()+a.ov.bytes, int(a.b.Count())+a.ov.present
+	return len(a.dropped) > 0 || a.f.db.LargeBatch(bytes, count) ||
 		len(a.ov.slots) >= lim.MaxRecords ||
 		a.entries >= lim.MaxEntries ||
-		(lim.MaxBytes > 0 && a.b.Len() >= lim.MaxBytes)
+		(lim.MaxBytes > 0 && bytes >= lim.MaxBytes)
 }
 
 // flushLocked commits the write buffer with the bucket counts, applied
@@ -97,6 +100,7 @@ func (f *FSM) flushLocked() {
 	}
 	a.foldHot()
 	a.flushCounts()
+	a.appendRecords()
 	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
 	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
 	must(a.b.Commit(pebble.NoSync))
@@ -105,6 +109,64 @@ func (f *FSM) flushLocked() {
 		f.bg.compact(a.dropped)
 	}
 	a.discard()
+}
+
+// appendRecords adds the buffered records to the pending batch, in key
+// order, after every other write of the buffer: the batch then holds, in
+// apply order, the deletions (moved and forgotten records' old keys,
+// dropped buckets and namespaces) and the small keys (counts, namespaces,
+// nodes), followed by one Set per live record. That is the state the
+// entries produce: a record written and then superseded, removed, or
+// dropped with its bucket or namespace has no present overlay entry in a
+// live bucket, and a deletion never follows the final version of a key
+// (the overlay holds that version: a later deletion would have replaced
+// it). Writing the large part sorted makes Pebble's sort of the flushable
+// batch's index nearly linear. Dropped buckets never come back, so the
+// liveness test below is the one lookups apply.
+func (a *applier) appendRecords() {
+	a.order = a.order[:0]
+	for i := range a.ov.slots {
+		s := &a.ov.slots[i]
+		if !s.e.present {
+			continue
+		}
+		k := a.ov.keys[s.off : s.off+s.n]
+		nsID := binary.BigEndian.Uint32(k)
+		if _, live := a.f.st.counts[bloom.Key{Namespace: nsID, Bucket: s.e.bucket}]; !live {
+			continue
+		}
+		var pre [8]byte
+		copy(pre[:], k[4:])
+		a.order = append(a.order, recOrder{ns: nsID, bucket: s.e.bucket, pre: binary.BigEndian.Uint64(pre[:]), slot: int32(i)})
+	}
+	id := func(r recOrder) []byte { s := &a.ov.slots[r.slot]; return a.ov.keys[s.off+4 : s.off+s.n] }
+	slices.SortFunc(a.order, func(x, y recOrder) int {
+		if c := cmp.Compare(x.ns, y.ns); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.bucket, y.bucket); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.pre, y.pre); c != 0 {
+			return c
+		}
+		return bytes.Compare(id(x), id(y))
+	})
+	for _, r := range a.order {
+		s := &a.ov.slots[r.slot]
+		a.kbuf = storage.AppendRecordKey(a.kbuf[:0], r.ns, r.bucket, id(r))
+		a.vbuf = appendRecord(a.vbuf[:0], &s.e.rec)
+		must(a.b.Set(a.kbuf, a.vbuf, nil))
+	}
+}
+
+// recOrder sorts buffered records by key: namespace, bucket, then the ID
+// (its first 8 bytes as an integer, zero-padded, then the whole ID).
+type recOrder struct {
+	ns     uint32
+	bucket uint64
+	pre    uint64
+	slot   int32
 }
 
 func must(err error) {
@@ -148,6 +210,8 @@ type applier struct {
 	hot    bloom.Key
 	hotN   uint64
 	hotSet bool
+	// order is appendRecords' scratch.
+	order []recOrder
 }
 
 // maxReusedOverlay bounds the overlay kept between flushes: one that grew
@@ -179,6 +243,13 @@ type ovEntry struct {
 	present bool
 }
 
+// recordBytesLowerBound is a lower bound of the bytes a record's key and
+// value take in a Pebble batch (key 'r' nsID bucket id; value version,
+// state, three varints, two length-prefixed byte strings).
+func recordBytesLowerBound(idLen int, rec *Record) int {
+	return storage.RecordKeyPrefixLen + idLen + 8 + len(rec.Token) + len(rec.Digest)
+}
+
 // overlay maps a HashKey to its ovEntry without allocating per write (a
 // map[string] key costs one allocation per record): a 64-bit hash indexes
 // the newest slot with that hash, slots with equal hashes are chained, and
@@ -195,6 +266,9 @@ type overlay struct {
 	slots []ovSlot
 	keys  []byte
 	arena []byte
+	// present counts the slots holding a record, and bytes the lower bound
+	// of their size in a Pebble batch (recordBytesLowerBound).
+	present, bytes int
 }
 
 // arenaChunk is the size of one arena chunk.
@@ -224,6 +298,7 @@ func (o *overlay) each(fn func(k []byte, e *ovEntry)) {
 type ovSlot struct {
 	off, n int // key is keys[off:off+n]
 	next   int // previous slot with the same hash, or -1
+	size   int // recordBytesLowerBound of e.rec if e.present
 	e      ovEntry
 }
 
@@ -259,8 +334,19 @@ func (o *overlay) put(k []byte, e ovEntry) { o.putHash(maphash.Bytes(o.seed, k),
 
 func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
 	e.rec.Token, e.rec.Digest = o.own(e.rec.Token), o.own(e.rec.Digest)
+	size := 0
+	if e.present {
+		size = recordBytesLowerBound(len(k)-4, &e.rec) // k is HashKey: nsID(4) id
+		o.present++
+		o.bytes += size
+	}
 	if i := o.find(h, k); i >= 0 {
-		o.slots[i].e = e
+		s := &o.slots[i]
+		if s.e.present {
+			o.present--
+			o.bytes -= s.size
+		}
+		s.e, s.size = e, size
 		return
 	}
 	next, ok := o.idx[h]
@@ -268,7 +354,7 @@ func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
 		next = -1
 	}
 	o.idx[h] = len(o.slots)
-	o.slots = append(o.slots, ovSlot{off: len(o.keys), n: len(k), next: next, e: e})
+	o.slots = append(o.slots, ovSlot{off: len(o.keys), n: len(k), next: next, size: size, e: e})
 	o.keys = append(o.keys, k...)
 }
 
@@ -282,6 +368,7 @@ func (o *overlay) reset() {
 	clear(o.idx)
 	clear(o.slots) // drop references to the arena
 	o.slots, o.keys, o.arena = o.slots[:0], o.keys[:0], nil
+	o.present, o.bytes = 0, 0
 }
 
 func (a *applier) command(index uint64, cmd *Command) *ApplyResult {
@@ -477,9 +564,8 @@ func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint
 		a.addToBucket(ns.ID, nb)
 		a.f.filters.AddProbe(bloom.Key{Namespace: ns.ID, Bucket: nb}, &a.sc.probe)
 	}
-	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, nb, id)
-	a.vbuf = appendRecord(a.vbuf[:0], rec)
-	must(a.b.Set(a.kbuf, a.vbuf, nil))
+	// The record goes to the batch at commit (appendRecords), from the
+	// overlay: only its last version, in key order.
 	a.ov.put(a.hbuf, ovEntry{rec: *rec, bucket: nb, present: true})
 }
 

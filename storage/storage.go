@@ -158,11 +158,12 @@ const (
 	memtableEmptyBytes     = 16 << 10
 )
 
-// LargeBatch reports whether committing b hands it to Pebble as a
+// LargeBatch reports whether committing a batch of count entries and
+// bytes bytes (pebble.Batch Len and Count) hands it to Pebble as a
 // flushable batch (no memtable skiplist insert). It errs on the side of
 // "not yet": a batch it calls large is large to Pebble.
-func (d *DB) LargeBatch(b *pebble.Batch) bool {
-	return uint64(b.Len())+nodeOverheadLowerBound*uint64(b.Count()) >= d.largeBatch
+func (d *DB) LargeBatch(bytes, count int) bool {
+	return uint64(bytes)+nodeOverheadLowerBound*uint64(count) >= d.largeBatch
 }
 
 // Open opens (creating if needed) the database in dir.
