@@ -45,18 +45,13 @@ var ErrClosed = errors.New("fsm closed")
 // the log is invisible to the scan: Pebble's compaction of a dropped range
 // only reclaims space, and the Bloom filters live outside the database.
 func (f *FSM) DigestState(ctx context.Context) (StateDigest, error) {
-	f.mu.Lock()
-	d := StateDigest{AppliedIndex: f.st.applied, AppliedTerm: f.st.appliedTerm, LastTsMs: f.st.lastTs}
-	if !f.closed && !f.swapping {
-		f.flushLocked()
-	}
 	// Pinned: Close and Restore wait for the scan, as they do for a
 	// snapshot being persisted.
-	snap, err := f.pinSnapshotLocked()
-	f.mu.Unlock()
+	snap, st, err := f.pinCommitted()
 	if err != nil {
 		return StateDigest{}, err
 	}
+	d := StateDigest{AppliedIndex: st.applied, AppliedTerm: st.appliedTerm, LastTsMs: st.lastTs}
 	defer f.persistWG.Done()
 	defer snap.Close()
 

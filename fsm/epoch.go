@@ -33,6 +33,7 @@ func (f *FSM) SeedFenceEpoch(epoch uint64) (uint64, error) {
 	if epoch <= f.st.fenceEpoch {
 		return f.st.fenceEpoch, nil
 	}
+	f.flushLocked() // the write buffer's keys go first
 	if err := f.db.Set(storage.MetaKey(metaFenceEpoch), encodeUvarint(epoch), pebble.Sync); err != nil {
 		return f.st.fenceEpoch, fmt.Errorf("persist fence epoch: %w", err)
 	}
@@ -55,12 +56,11 @@ type RecordCounts struct {
 // Live is the number of records that answer as seen.
 func (c RecordCounts) Live() uint64 { return c.Committed + c.Leased }
 
-// CountRecords scans every record (from a consistent storage snapshot)
-// and counts them as of nowMs. It costs one pass over the whole state.
+// CountRecords commits the write buffer, then scans every record (from a
+// consistent storage snapshot) and counts them as of nowMs. It costs one
+// pass over the whole state.
 func (f *FSM) CountRecords(nowMs int64) (RecordCounts, error) {
-	f.mu.RLock()
-	snap, err := f.pinSnapshotLocked()
-	f.mu.RUnlock()
+	snap, _, err := f.pinCommitted()
 	if err != nil {
 		return RecordCounts{}, err
 	}

@@ -74,6 +74,21 @@ func (f *FSM) pinSnapshotLocked() (*pebble.Snapshot, error) {
 	return f.db.NewSnapshot(), nil
 }
 
+// pinCommitted commits the write buffer and pins a Pebble snapshot of the
+// result, for a whole-state reader that runs outside f.mu (DigestState,
+// CountRecords). It returns the in-memory state the snapshot matches,
+// read under the same lock. The caller calls f.persistWG.Done after
+// closing the snapshot.
+func (f *FSM) pinCommitted() (*pebble.Snapshot, state, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed && !f.swapping {
+		f.flushLocked()
+	}
+	snap, err := f.pinSnapshotLocked()
+	return snap, f.st, err
+}
+
 type snapshot struct {
 	f           *FSM
 	snap        *pebble.Snapshot
