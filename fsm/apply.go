@@ -42,7 +42,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	}
 	a := f.applier
 	if a.b == nil {
-		a.b = f.db.NewBatch()
+		// Sized like the last committed buffer: a batch grown by doubling
+		// to several MiB would copy itself a dozen times.
+		a.b = f.db.NewBatchWithSize(a.lastLen)
 	}
 	advanced := false
 	for i, l := range logs {
@@ -103,6 +105,7 @@ func (f *FSM) flushLocked() {
 	a.appendRecords()
 	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
 	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
+	a.lastLen = min(a.b.Len(), maxBatchPrealloc)
 	must(a.b.Commit(pebble.NoSync))
 	f.persisted = f.st.applied
 	if len(a.dropped) > 0 {
@@ -212,7 +215,13 @@ type applier struct {
 	hotSet bool
 	// order is appendRecords' scratch.
 	order []recOrder
+	// lastLen is the size of the last committed batch (the next one is
+	// allocated that size, up to maxBatchPrealloc).
+	lastLen int
 }
+
+// maxBatchPrealloc caps the size a new pending batch is allocated with.
+const maxBatchPrealloc = 32 << 20
 
 // maxReusedOverlay bounds the overlay kept between flushes: one that grew
 // past the configured buffer (a huge single entry) is dropped rather than
