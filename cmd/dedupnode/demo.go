@@ -152,10 +152,10 @@ func printDemo(e *env, s demo.Summary) {
 		n(int64(s.Published)), n(int64(s.UniqueIDs)), n(int64(s.ProducerRetries)), n(int64(s.Replayed)))
 	fmt.Fprintf(w, "  deliveries              %9s   %s of them redeliveries\n", n(s.Deliveries), n(s.Redeliveries))
 	fmt.Fprintf(w, "  duplicates suppressed   %9s   already processed: acked, handler not run\n", n(s.DuplicatesSuppressed))
-	fmt.Fprintf(w, "  deferred, in progress   %9s   another consumer held the claim: nak'ed, came back\n", n(s.InProgressDeferred))
+	fmt.Fprintf(w, "  deferred, in progress   %9s   another consumer held the claim: tried again later\n", n(s.InProgressDeferred))
 	fmt.Fprintf(w, "  consumer crashes        %9s   stalls past AckWait: %s, handler runs abandoned or failed: %s\n", n(s.ConsumerCrashes), n(s.ConsumerStalls), n(s.HandlerFailures))
 	if s.LeaderKills > 0 || s.Unavailable > 0 {
-		fmt.Fprintf(w, "  leader kills            %9s   deliveries nak'ed while no leader answered: %s\n", n(s.LeaderKills), n(s.Unavailable))
+		fmt.Fprintf(w, "  leader kills            %9s   deliveries retried while no leader answered: %s\n", n(s.LeaderKills), n(s.Unavailable))
 	}
 	fmt.Fprintf(w, "  effects applied         %9s   to %d accounts\n", n(s.EffectsApplied), s.Accounts)
 	fmt.Fprintf(w, "  ledger total            %9s   expected %s\n", n(s.LedgerTotal), n(s.ExpectedTotal))
