@@ -14,6 +14,9 @@ import (
 //
 // A create retried after an unknown outcome may answer AlreadyExists.
 func (c *Client) CreateNamespace(ctx context.Context, ns Namespace) (Namespace, error) {
+	if err := ns.validDurations("create namespace"); err != nil {
+		return Namespace{}, err
+	}
 	req := &dedupv1.CreateNamespaceRequest{Namespace: ns.proto()}
 	return c.namespaceCall(ctx, "create namespace", toLeader, func(ctx context.Context, a dedupv1.AdminClient) (*dedupv1.NamespaceResponse, error) {
 		return a.CreateNamespace(ctx, req)
@@ -24,6 +27,9 @@ func (c *Client) CreateNamespace(ctx context.Context, ns Namespace) (Namespace, 
 // value, and the bucket width never changes. Returns the namespace as
 // updated. Errors: NotFound, InvalidArgument.
 func (c *Client) UpdateNamespace(ctx context.Context, ns Namespace) (Namespace, error) {
+	if err := ns.validDurations("update namespace"); err != nil {
+		return Namespace{}, err
+	}
 	req := &dedupv1.UpdateNamespaceRequest{Namespace: ns.proto()}
 	return c.namespaceCall(ctx, "update namespace", toLeader, func(ctx context.Context, a dedupv1.AdminClient) (*dedupv1.NamespaceResponse, error) {
 		return a.UpdateNamespace(ctx, req)

@@ -211,7 +211,17 @@ func (c *Client) discover(ctx context.Context) {
 	}
 	done := make(chan struct{})
 	c.discovering = done
-	addrs := slices.Clone(c.addrs)
+	// Ask the nodes that accept connections (all of them if none does): a
+	// dead leader is not dialled again on every discovery.
+	var addrs []string
+	for _, a := range c.addrs {
+		if !c.downLocked(a) {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		addrs = slices.Clone(c.addrs)
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()

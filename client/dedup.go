@@ -54,17 +54,21 @@ func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, cons
 // 64 bytes, TTL out of range, batch too large; nothing is applied),
 // Unavailable once retries ran out (outcome unknown).
 func (c *Client) Mark(ctx context.Context, namespace string, items []Item, ttl time.Duration) ([]Result, error) {
+	ttlMs, err := durationMs("mark", "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
 	req := &dedupv1.MarkRequest{
 		Namespace:    namespace,
 		Items:        make([]*dedupv1.MarkItem, len(items)),
-		TtlMs:        msOf(ttl),
+		TtlMs:        ttlMs,
 		RequestToken: NewRequestToken(),
 	}
 	for i, it := range items {
 		req.Items[i] = &dedupv1.MarkItem{Id: it.ID, Digest: it.Digest, RequestToken: it.RequestToken}
 	}
 	var resp *dedupv1.MarkResponse
-	err := c.invoke(ctx, "mark", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+	err = c.invoke(ctx, "mark", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
 		resp, err = c.dedup(ctx, cc).Mark(ctx, req)
 		return err
 	})
@@ -90,17 +94,21 @@ func (c *Client) Mark(ctx context.Context, namespace string, items []Item, ttl t
 //
 // Like Mark, one request token is kept across the retries of this call.
 func (c *Client) Claim(ctx context.Context, namespace string, items []Item, lease time.Duration) ([]Result, error) {
+	leaseMs, err := durationMs("claim", "lease", lease)
+	if err != nil {
+		return nil, err
+	}
 	req := &dedupv1.ClaimRequest{
 		Namespace:    namespace,
 		Items:        make([]*dedupv1.ClaimItem, len(items)),
-		LeaseMs:      msOf(lease),
+		LeaseMs:      leaseMs,
 		RequestToken: NewRequestToken(),
 	}
 	for i, it := range items {
 		req.Items[i] = &dedupv1.ClaimItem{Id: it.ID, Digest: it.Digest, RequestToken: it.RequestToken}
 	}
 	var resp *dedupv1.ClaimResponse
-	err := c.invoke(ctx, "claim", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+	err = c.invoke(ctx, "claim", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
 		resp, err = c.dedup(ctx, cc).Claim(ctx, req)
 		return err
 	})
@@ -121,7 +129,11 @@ func (c *Client) Claim(ctx context.Context, namespace string, items []Item, leas
 // namespace default): CodeOK, or CodeLeaseLost when the lease expired or a
 // newer claim fenced it (someone else may be processing the message).
 func (c *Client) Commit(ctx context.Context, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
-	req := &dedupv1.CommitRequest{Namespace: namespace, Items: leaseItems(leases), TtlMs: msOf(ttl)}
+	ttlMs, err := durationMs("commit", "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	req := &dedupv1.CommitRequest{Namespace: namespace, Items: leaseItems(leases), TtlMs: ttlMs}
 	return c.leaseCall(ctx, "commit", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Commit(ctx, req)
 	})
@@ -130,7 +142,11 @@ func (c *Client) Commit(ctx context.Context, namespace string, leases []Lease, t
 // Renew extends held leases to lease from now (0: the namespace default
 // lease): CodeOK with the new expiry, or CodeLeaseLost.
 func (c *Client) Renew(ctx context.Context, namespace string, leases []Lease, lease time.Duration) ([]Result, error) {
-	req := &dedupv1.RenewRequest{Namespace: namespace, Items: leaseItems(leases), LeaseMs: msOf(lease)}
+	leaseMs, err := durationMs("renew", "lease", lease)
+	if err != nil {
+		return nil, err
+	}
+	req := &dedupv1.RenewRequest{Namespace: namespace, Items: leaseItems(leases), LeaseMs: leaseMs}
 	return c.leaseCall(ctx, "renew", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Renew(ctx, req)
 	})

@@ -47,7 +47,9 @@
 //
 // # Times and durations
 //
-// Durations passed to the client are rounded down to milliseconds; 0 means
-// "the namespace default". Times in results are UTC with millisecond
+// TTLs and leases passed to the client must be whole milliseconds (the
+// store counts in them); others (500µs, 1.9ms) and negative ones fail with
+// ErrInvalidArgument before anything is sent. 0 means "the namespace
+// default". Times in results are UTC with millisecond
 // precision, as chosen by the Raft leader.
 package client

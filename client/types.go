@@ -2,6 +2,8 @@ package client
 
 import (
 	"fmt"
+
+	"google.golang.org/grpc/codes"
 	"time"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
@@ -298,6 +300,31 @@ type Status struct {
 
 // msOf converts a duration to whole milliseconds (0 stays 0: the default).
 func msOf(d time.Duration) int64 { return d.Milliseconds() }
+
+// durationMs converts a TTL or lease to the whole milliseconds the store
+// counts in. A negative value, or one that is not a whole number of
+// milliseconds (500µs, 1.9ms), is refused rather than rounded: rounding
+// 500µs down would give 0, "the namespace default", a 24 h record.
+func durationMs(op, field string, d time.Duration) (int64, error) {
+	if d < 0 || d%time.Millisecond != 0 {
+		return 0, &Error{Op: op, Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: field,
+			Message: fmt.Sprintf("%s %v: want 0 (the namespace default) or a positive whole number of milliseconds", field, d)}
+	}
+	return d.Milliseconds(), nil
+}
+
+// validDurations checks a namespace's durations as durationMs does.
+func (n Namespace) validDurations(op string) error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"default_ttl", n.DefaultTTL}, {"max_ttl", n.MaxTTL}, {"default_lease", n.DefaultLease}} {
+		if _, err := durationMs(op, f.name, f.d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func timeOf(ms int64) time.Time {
 	if ms == 0 {

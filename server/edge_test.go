@@ -236,10 +236,13 @@ func TestHealthAndReflection(t *testing.T) {
 	ctx := rpcCtx(t)
 	for _, nd := range tc.nodes {
 		h := healthpb.NewHealthClient(nd.cc)
-		waitFor(t, 20*time.Second, "SERVING via "+nd.id, func() bool {
-			r, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "dedup.v1.Dedup"})
-			return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
-		})
+		// Every service has its health entry (dedup.v1.Ops too: issue 14).
+		for _, svc := range []string{"dedup.v1.Dedup", "dedup.v1.Admin", "dedup.v1.Ops"} {
+			waitFor(t, 20*time.Second, svc+" SERVING via "+nd.id, func() bool {
+				r, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+				return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
+			})
+		}
 	}
 	stream, err := reflectionpb.NewServerReflectionClient(tc.nodes[0].cc).ServerReflectionInfo(ctx)
 	if err != nil {

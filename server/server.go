@@ -360,7 +360,7 @@ func (s *Server) join(ctx context.Context) error {
 	}
 }
 
-var healthServices = []string{"", "dedup.v1.Dedup", "dedup.v1.Admin", "dedup.v1.Internal"}
+var healthServices = []string{"", "dedup.v1.Dedup", "dedup.v1.Admin", "dedup.v1.Ops", "dedup.v1.Internal"}
 
 func (s *Server) setHealth(ok bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING

@@ -114,6 +114,9 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 	for i, a := range f.addrs {
 		a = strings.TrimSpace(a)
 		f.addrs[i] = a
+		if scheme, rest, ok := strings.Cut(a, "://"); ok {
+			return usagef("--addr %q: drop the %s:// scheme: nodes speak gRPC on HOST:PORT, e.g. --addr %s", a, scheme, strings.TrimSuffix(rest, "/"))
+		}
 		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
 			return usagef("--addr %q: want HOST:PORT, e.g. %s", a, defaultAddr)
 		}
@@ -294,6 +297,11 @@ func (v durationValue) Set(s string) error {
 	d, err := parseDuration(s)
 	if err != nil {
 		return err
+	}
+	if d%time.Millisecond != 0 {
+		// The store counts in whole milliseconds: never round a value
+		// (500us would become 0, the namespace default).
+		return fmt.Errorf("%q is not a whole number of milliseconds (the store counts in ms)", s)
 	}
 	*v.d = d
 	return nil

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +63,14 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"bad consistency", []string{"check", "--consistency", "eventual", "x"}, "consistency"},
 		{"bad ttl", []string{"mark", "--ttl", "soon", "x"}, "invalid duration"},
 		{"bad digest", []string{"mark", "--digest", "xyz", "x"}, "--digest"},
+		// Issue 14: TTLs and leases are never rounded, and 0 is not a value.
+		{"sub-ms ttl", []string{"mark", "--ttl", "500us", "x"}, "not a whole number of milliseconds"},
+		{"fractional-ms ttl", []string{"mark", "--ttl", "1.9ms", "x"}, "not a whole number of milliseconds"},
+		{"sub-ms lease", []string{"claim", "--lease", "999us", "x"}, "not a whole number of milliseconds"},
+		{"zero ttl", []string{"mark", "--ttl", "0", "x"}, "--ttl 0: omit --ttl for the namespace's default ttl"},
+		{"zero lease", []string{"claim", "--lease", "0s", "x"}, "--lease 0: omit --lease"},
+		{"addr with scheme", []string{"status", "--addr", "http://127.0.0.1:7070"}, "drop the http:// scheme"},
+		{"addr with scheme in list", []string{"mark", "--addr", "127.0.0.1:7071,https://127.0.0.1:7070/", "x"}, "e.g. --addr 127.0.0.1:7070"},
 		{"commit without token", []string{"commit", "order-1"}, "fencing token"},
 		{"commit bad token", []string{"commit", "order-1=abc"}, "not a positive integer"},
 		{"ttl on check", []string{"check", "--ttl", "5m", "x"}, "unknown flag"},
@@ -460,4 +469,18 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 		t.Fatalf("ttl over the namespace's max: exit %d stderr %q", code, errs)
 	}
 	assertOneLine(t, errs)
+}
+
+// Issue 14: 'dedupnode version' and '--version' say which build this is:
+// version, commit and Go version.
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		code, out, errs := runCLI(t, context.Background(), "", args...)
+		if code != 0 || errs != "" {
+			t.Fatalf("%v: exit %d, stderr %q", args, code, errs)
+		}
+		if !strings.HasPrefix(out, "dedupnode ") || !strings.Contains(out, ", commit ") || !strings.Contains(out, runtime.Version()) {
+			t.Fatalf("%v: %q lacks the version, commit or Go version (%s)", args, out, runtime.Version())
+		}
+	}
 }

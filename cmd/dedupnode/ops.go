@@ -257,6 +257,11 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	if err := f.validate(cmd); err != nil {
 		return err
 	}
+	for _, name := range []string{"ttl", "lease"} {
+		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed && fl.Value.String() == "" {
+			return usagef("--%s 0: omit --%s for the namespace's default %s", name, name, name)
+		}
+	}
 	if o.fencing && cmd.Flags().Changed("fencing-token") && f.fencingToken == 0 {
 		return usagef("--fencing-token must be the positive token that claim printed")
 	}

@@ -157,6 +157,8 @@ func newRootCmd(e *env) *cobra.Command {
 			return usagef("no command given (try 'dedupnode dev' to start a local cluster)")
 		},
 	}
+	root.Version = versionLine()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
@@ -181,6 +183,7 @@ func newRootCmd(e *env) *cobra.Command {
 		c.GroupID = "admin"
 		root.AddCommand(c)
 	}
+	root.AddCommand(newVersionCmd(e))
 	root.AddCommand(newChaosCmd())
 	root.AddCommand(newBenchCmd())
 	root.AddCommand(newWebhookProxyCmd(e))

@@ -27,10 +27,6 @@ import (
 	"github.com/dedupnode/dedupnode/server"
 )
 
-// version is the dedupnode version, set at link time
-// (-ldflags "-X main.version=...").
-var version = "dev"
-
 // serveFlags are the flags of serve; each can also come from the
 // environment as DEDUPNODE_<FLAG>.
 type serveFlags struct {
@@ -332,7 +328,7 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	cfg.Cluster.SnapshotInterval = f.snapInterval
 	cfg.Cluster.TrailingLogs = f.trailingLogs
 	cfg.AdminAddr = f.adminAddr
-	cfg.Version = version
+	cfg.Version = versionString()
 	if err := f.security(&cfg, logger); err != nil {
 		return cfg, nil, err
 	}

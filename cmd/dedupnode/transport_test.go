@@ -12,6 +12,7 @@ import (
 	"time"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -157,5 +158,36 @@ func TestExplainStripsWrappingAndDuplicateHints(t *testing.T) {
 				t.Errorf("explain: %q has %q", got, noise)
 			}
 		}
+	}
+}
+
+// Issue 14: a node's Raft port given as --addr is named as a port that is
+// not gRPC (as a Raft port does, it closes the connection without a word),
+// not as "the node speaks TLS", and the CLI stops at once.
+func TestRaftPortAsAddrIsNamed(t *testing.T) {
+	srvs, _ := testcluster.Start(t, 1, nil)
+	raft := srvs[0].RaftAddr()
+	start := time.Now()
+	code, _, errs := runCLI(t, context.Background(), "", "status", "--addr", raft, "--timeout", "30s")
+	if code != exitError || !strings.Contains(errs, "is not a dedupnode gRPC port") || !strings.Contains(errs, "Raft port") || strings.Contains(errs, "speaks TLS") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("took %v: a wrong port must not be retried until --timeout", el)
+	}
+}
+
+// Issue 14: 'status --wait' stops at once on an error waiting does not
+// heal (here a TLS mismatch) instead of polling until --timeout.
+func TestStatusWaitStopsOnErrorsThatDoNotHeal(t *testing.T) {
+	tlsAddr, _ := tlsListener(t)
+	start := time.Now()
+	code, _, errs := runCLI(t, context.Background(), "", "status", "--wait", "--addr", tlsAddr, "--timeout", "60s")
+	if code != exitError || !strings.Contains(errs, "the node speaks TLS") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if el := time.Since(start); el > 15*time.Second {
+		t.Fatalf("status --wait took %v on a TLS mismatch (--timeout 60s): it must stop at once", el)
 	}
 }

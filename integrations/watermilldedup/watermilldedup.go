@@ -76,6 +76,33 @@ func (r *Repository) IsDuplicate(ctx context.Context, key string) (bool, error) 
 	return false, fmt.Errorf("watermilldedup: mark %q: unexpected result %v", key, res.Code)
 }
 
+// lenTimeout bounds Len's export of the namespace.
+const lenTimeout = 30 * time.Second
+
+// Len returns the number of live keys (recorded, not expired) in the
+// repository's namespace, as watermill's in-memory repository does; -1 when
+// they cannot be counted (the Marker is not a *client.Batcher, or the
+// cluster did not answer). It exports the whole namespace: use it in tests
+// and for small namespaces, not on a hot path. Needs the admin right on the
+// namespace when the cluster runs with tokens.
+func (r *Repository) Len() int {
+	b, ok := r.m.(interface{ Client() *client.Client })
+	if !ok {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lenTimeout)
+	defer cancel()
+	n := 0
+	err := b.Client().Export(ctx, r.ns, func(client.ExportedRecord) error { n++; return nil })
+	switch {
+	case errors.Is(err, client.ErrNamespaceNotFound):
+		return 0 // nothing marked yet: the namespace is created on first use
+	case err != nil:
+		return -1
+	}
+	return n
+}
+
 // ErrInProgress is returned by the Middleware's handler when another
 // instance holds the claim on the message ID: the router nacks the message
 // and the Pub/Sub redelivers it later. Combine with middleware.Retry or a

@@ -207,3 +207,24 @@ func TestRepositorySharedWindowAndTheMarkBeforeHandlePitfall(t *testing.T) {
 		t.Fatalf("IsDuplicate(never-seen) = %v, %v; want false", dup, err)
 	}
 }
+
+// Issue 14: the repository offers Len() (live keys in its namespace), as
+// watermill's in-memory repository does.
+func TestRepositoryLenCountsLiveKeys(t *testing.T) {
+	cl := testcluster.Demo(t)
+	repo, err := watermilldedup.NewRepository(newBatcher(t, cl), "len-window", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := repo.Len(); n != 0 {
+		t.Fatalf("Len of an empty namespace = %d, want 0", n)
+	}
+	for _, k := range []string{"a", "b", "c", "a"} {
+		if _, err := repo.IsDuplicate(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := repo.Len(); n != 3 {
+		t.Fatalf("Len after marking a, b, c, a = %d, want 3", n)
+	}
+}

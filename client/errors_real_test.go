@@ -1,0 +1,132 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
+)
+
+// Issue 14: a TTL or lease that is not a whole number of milliseconds is
+// refused before anything is sent (500µs used to become 0, "the namespace
+// default": a 24 h record), and so is a negative one.
+func TestDurationsNotWholeMillisecondsAreRefused(t *testing.T) {
+	ctx := testCtx(t, 10*time.Second)
+	// Nothing listens here: an error other than ErrInvalidArgument would
+	// mean the client tried to send.
+	c, err := client.New(ctx, []string{"127.0.0.1:1"}, client.WithRetry(1, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	item := []client.Item{{ID: []byte("x")}}
+	lease := []client.Lease{{ID: []byte("x"), FencingToken: 1}}
+	calls := []struct {
+		name, field string
+		call        func() error
+	}{
+		{"mark 500µs", "ttl", func() error { _, err := c.Mark(ctx, "", item, 500*time.Microsecond); return err }},
+		{"mark 1.9ms", "ttl", func() error { _, err := c.Mark(ctx, "", item, 1900*time.Microsecond); return err }},
+		{"mark -1ms", "ttl", func() error { _, err := c.Mark(ctx, "", item, -time.Millisecond); return err }},
+		{"claim 999µs", "lease", func() error { _, err := c.Claim(ctx, "", item, 999*time.Microsecond); return err }},
+		{"commit 1.5ms", "ttl", func() error { _, err := c.Commit(ctx, "", lease, 1500*time.Microsecond); return err }},
+		{"renew 10.5ms", "lease", func() error { _, err := c.Renew(ctx, "", lease, 10500*time.Microsecond); return err }},
+		{"create namespace", "default_ttl", func() error {
+			_, err := c.CreateNamespace(ctx, client.Namespace{Name: "x", DefaultTTL: 1500 * time.Microsecond})
+			return err
+		}},
+	}
+	for _, tc := range calls {
+		err := tc.call()
+		var e *client.Error
+		if !errors.As(err, &e) || !errors.Is(err, client.ErrInvalidArgument) || e.Field != tc.field {
+			t.Errorf("%s: %v, want ErrInvalidArgument on field %s", tc.name, err, tc.field)
+		}
+	}
+}
+
+// Issue 14 item 4: during an election the client stops dialling the dead
+// leader after its first refused connection and finds the new leader
+// through the other addresses. The figure (leader killed → first
+// acknowledged write) is logged; the bound is deliberately generous (two
+// loaded cores under -race): the test's point is the call count.
+func TestDeadLeaderIsNotDialledAgainDuringElection(t *testing.T) {
+	cl := testcluster.Demo(t)
+	ctx := testCtx(t, 90*time.Second)
+	var log rpcLog
+	c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
+	if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("before")}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	leader := cl.Leader()
+	dead := cl.Addrs()[leader]
+	if c.Leader() != dead {
+		t.Fatalf("client leader %q, cluster leader %q", c.Leader(), dead)
+	}
+	before := len(log.snapshot())
+	if err := cl.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("after")}}, 0); err != nil {
+		t.Fatalf("mark after killing the leader: %v", err)
+	}
+	took := time.Since(killed)
+	t.Logf("leader killed → first acknowledged write through the client: %v (election timeout %v)", took.Round(time.Millisecond), testcluster.Election)
+	toDead := 0
+	for _, call := range log.snapshot()[before:] {
+		if call.target == dead {
+			toDead++
+		}
+	}
+	if toDead > 1 {
+		t.Errorf("the client sent %d calls to the dead leader %s after the kill; want at most 1 (the first refusal)", toDead, dead)
+	}
+	if took > testcluster.Election+15*time.Second {
+		t.Errorf("first write after %v", took)
+	}
+}
+
+// Issue 12 input 8: a write that reached a leader which then lost quorum
+// fails with ErrOutcomeUnknown ("outcome unknown; retry with the same
+// request token"), whatever the last attempt saw (a refused connection, no
+// leader), and names the node that last acted as leader.
+func TestWriteAfterQuorumLossSaysOutcomeUnknownAndLastLeader(t *testing.T) {
+	cl := testcluster.Demo(t)
+	ctx := testCtx(t, 90*time.Second)
+	c := newClient(t, cl.Addrs())
+	if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("before")}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	leader := cl.Leader()
+	for i := range cl.Size() {
+		if i != leader {
+			if err := cl.Kill(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+	defer cancel()
+	_, err := c.Mark(wctx, "orders", []client.Item{{ID: []byte("in-doubt")}}, 0)
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("mark without quorum: %v, want ErrOutcomeUnknown", err)
+	}
+	if !strings.Contains(err.Error(), "outcome unknown; retry with the same request token") {
+		t.Errorf("error text %q does not say so", err)
+	}
+	var e *client.Error
+	if !errors.As(err, &e) || e.LastLeader != cl.Addrs()[leader] {
+		t.Errorf("last leader %q, want %s (the node that led)", e.LastLeader, cl.Addrs()[leader])
+	}
+}
+
+func (l *rpcLog) snapshot() []rpcCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]rpcCall(nil), l.calls...)
+}
