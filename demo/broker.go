@@ -138,7 +138,7 @@ func OpenBroker(ctx context.Context, name string, cfg BrokerConfig) (Broker, err
 	case "kafka":
 		return openKafkaBroker(ctx, cfg)
 	case "rabbitmq":
-		return nil, fmt.Errorf("broker %q is not available in this build yet", name)
+		return openRabbitBroker(ctx, cfg)
 	}
 	return nil, fmt.Errorf("%w (got %q)", ErrUnknownBroker, name)
 }

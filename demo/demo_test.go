@@ -3,8 +3,11 @@ package demo
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/dedupnode/dedupnode/internal/rabbitproc"
 )
 
 // smallConfig is a demo that exercises every path (producer retries, the
@@ -120,4 +123,37 @@ func TestDemoUnknownBroker(t *testing.T) {
 	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrUnknownBroker) {
 		t.Fatalf("Run with broker %q: %v, want ErrUnknownBroker", cfg.Broker, err)
 	}
+}
+
+// On RabbitMQ (a rabbitmq-server started for the run): consumer crashes
+// drop TCP connections, stalls outlast consumer_timeout so the broker
+// closes channels, and the leader is killed again and again; every event
+// still takes effect once.
+func TestDemoRabbitMQ(t *testing.T) {
+	if _, err := rabbitproc.Find(); err != nil {
+		if os.Getenv(rabbitproc.RequireEnv) == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	if testing.Short() {
+		t.Skip("-short: not starting a RabbitMQ broker")
+	}
+	cfg := smallConfig(t)
+	cfg.Broker = "rabbitmq"
+	// consumer_timeout is AckWait, and closes the whole channel: give
+	// handlers slowed by -race and elections room below it.
+	cfg.AckWait = 2 * time.Second
+	cfg.KillLeaderEvery = 3 * time.Second
+	cfg.Messages = 1000
+	cfg.CrashRate, cfg.StallRate = 0.005, 0.01
+	s, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOK(t, s)
+	if s.Broker != "rabbitmq" || s.Redeliveries == 0 || s.ConsumerCrashes == 0 || s.ConsumerStalls == 0 || s.LeaderKills == 0 || s.DuplicatesSuppressed < int64(s.ProducerRetries+s.Replayed) {
+		t.Fatalf("faults missing: %+v", s)
+	}
+	t.Logf("%+v", s)
 }

@@ -66,7 +66,7 @@ type Config struct {
 	// to another consumer). Default 0.001.
 	StallRate float64
 	// AckWait is the broker's ack wait where it has one (JetStream's
-	// consumer AckWait; default 2 s).
+	// consumer AckWait, RabbitMQ's consumer_timeout; default 2 s).
 	AckWait time.Duration
 	// Lease is the claim lease per message (default 5 s): a crashed
 	// consumer's messages are processed again once it has expired. It must

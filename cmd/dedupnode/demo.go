@@ -20,8 +20,10 @@ effect happens once, though the broker delivers some messages two, three or
 more times.
 
 It starts a local 3-node dedupnode cluster in this process (or uses --addr)
-and an embedded broker (--broker: NATS JetStream by default, or Kafka through
-an in-process Kafka cluster), then publishes --messages events
+and a broker (--broker: NATS JetStream embedded, the default; Kafka through
+an in-process Kafka cluster; or RabbitMQ, a rabbitmq-server of the machine's
+started for the run on loopback ports and stopped at the end — on Debian or
+Ubuntu: apt-get install rabbitmq-server), then publishes --messages events
 (account, amount) with realistic duplicates: about 5% are published again
 1-3 s later (a producer retrying after a lost publish ack) and an older 5%
 range is replayed once 60% are out. Several consumer processes handle them
@@ -29,7 +31,9 @@ through client.Process (claim → apply → commit), each applying its event to
 a ledger of account balances in Pebble. Consumers really crash mid-message
 (their connections drop, every message they hold is abandoned) and stall past
 JetStream's AckWait, so the broker really redelivers (on Kafka a crashed
-consumer's partitions go to another consumer from the last committed offset).
+consumer's partitions go to another consumer from the last committed offset;
+RabbitMQ's consumer_timeout is set to --ack-wait, so a stall makes the broker
+close the consumer's channel and redeliver what it held).
 
 The summary checks that effects applied == unique event IDs, that the ledger
 total (and every account) equals the expected total, and that no event ran
@@ -133,7 +137,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.Float64Var(&cfg.ReplayRate, "replay-rate", cfg.ReplayRate, "size of the older range replayed, as a share (`0..1`) of --messages")
 	fs.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "chance (`0..1`) that a delivery crashes its consumer mid-message")
 	fs.Float64Var(&cfg.StallRate, "stall-rate", cfg.StallRate, "chance (`0..1`) that a delivery stalls its handler past AckWait")
-	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait: an unacknowledged delivery is redelivered after this `DURATION` (stalls last 1.5 × it on every broker)")
+	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait and RabbitMQ consumer_timeout: an unacknowledged delivery is redelivered after this `DURATION` (stalls last 1.5 × it on every broker)")
 	fs.DurationVar(&cfg.Lease, "lease", 5*time.Second, "claim lease per message: a crashed consumer's messages are processed again after this `DURATION`")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` for the events (0: from the clock)")
 	cfg.Timeout = 15 * time.Minute
