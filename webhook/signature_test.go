@@ -176,3 +176,24 @@ func TestVerifiers(t *testing.T) {
 		t.Error("HMAC without a header accepted")
 	}
 }
+
+// FuzzStripeSignature: no header value panics the Stripe or GitHub
+// parsers, and every rejection wraps ErrBadSignature.
+func FuzzStripeSignature(f *testing.F) {
+	now := time.Unix(1_800_000_000, 0)
+	f.Add(stripeSig("whsec_x", "body", now))
+	f.Add("t=,v1=")
+	f.Add("t=1800000000,v1=zz,v0=00,,=,t")
+	st, _ := webhook.StripeSignature(0, []byte("whsec_x"))
+	gh, _ := webhook.GitHubSignature([]byte("s"))
+	f.Fuzz(func(t *testing.T, v string) {
+		h := http.Header{}
+		h.Set("Stripe-Signature", v)
+		h.Set("X-Hub-Signature-256", v)
+		for _, vf := range []webhook.Verifier{st, gh} {
+			if err := vf.Verify(h, []byte("body"), now); err != nil && !errors.Is(err, webhook.ErrBadSignature) {
+				t.Fatalf("%q: %v does not wrap ErrBadSignature", v, err)
+			}
+		}
+	})
+}
