@@ -484,3 +484,29 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
+
+// Issue 14: --bootstrap or --peers given to a data dir that already holds
+// a cluster's state is ignored by Raft; serve says so instead of letting
+// the operator believe a new cluster was formed. (The run stops on a later
+// usage error, after the warning: no node needs to start for the check.)
+func TestServeWarnsWhenBootstrapMeetsExistingState(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "raft"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "raft", "raft.db"), []byte("state"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range [][]string{{"--bootstrap"}, {"--peers", "n1=127.0.0.1:1=127.0.0.1:2"}} {
+		args := append([]string{"serve", "--node-id", "n1", "--data-dir", dir, "--tls-cert", "x"}, mode...)
+		code, _, errs := runCLI(t, context.Background(), "", args...)
+		if code != exitUsage || !strings.Contains(errs, "already holds a cluster's state: "+mode[0]+" is ignored") {
+			t.Fatalf("%v: exit %d, stderr %q", mode, code, errs)
+		}
+	}
+	// A fresh data dir gets no such warning.
+	code, _, errs := runCLI(t, context.Background(), "", "serve", "--node-id", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--tls-cert", "x")
+	if code != exitUsage || strings.Contains(errs, "already holds") {
+		t.Fatalf("fresh dir: exit %d, stderr %q", code, errs)
+	}
+}

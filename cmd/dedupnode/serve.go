@@ -294,6 +294,16 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if err != nil {
 		return cfg, nil, err
 	}
+	if (f.bootstrap || f.peers != "") && hasState(f.dataDir) {
+		// Raft ignores a bootstrap over existing state: the node restarts
+		// as the member its data dir records. Say so, so that nobody
+		// believes a new cluster was formed.
+		mode := "--bootstrap"
+		if f.peers != "" {
+			mode = "--peers"
+		}
+		logger.Warn(fmt.Sprintf("%s already holds a cluster's state: %s is ignored and the node restarts as the member recorded there; for a new cluster use a fresh --data-dir, and leave %s out on restarts", f.dataDir, mode, mode))
+	}
 	var peers []cluster.Peer
 	if f.peers != "" {
 		if peers, err = parsePeers(f.peers); err != nil {
