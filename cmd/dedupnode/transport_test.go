@@ -191,3 +191,25 @@ func TestStatusWaitStopsOnErrorsThatDoNotHeal(t *testing.T) {
 		t.Fatalf("status --wait took %v on a TLS mismatch (--timeout 60s): it must stop at once", el)
 	}
 }
+
+// Issue 14 item 2: webhook-proxy dials the cluster through the connection
+// flags every command shares (--addr, --tls-*, --token, --timeout) and
+// explains failures as they do, without the old "start one" hint.
+func TestWebhookProxySharesConnectionFlags(t *testing.T) {
+	tlsAddr, ca := tlsListener(t)
+	base := []string{"webhook-proxy", "--upstream", "http://127.0.0.1:9", "--id-header", "Webhook-Id", "--listen", "127.0.0.1:0", "--timeout", "20s"}
+	code, _, errs := runCLI(t, context.Background(), "", append(base, "--addr", tlsAddr)...)
+	if code != exitError || !strings.Contains(errs, "the node speaks TLS: pass --tls-ca") {
+		t.Fatalf("plaintext proxy, TLS node: exit %d, stderr %q", code, errs)
+	}
+	// With --tls-ca it speaks TLS (the listener serves no gRPC: it fails
+	// later, but not on the flag or the handshake).
+	code, _, errs = runCLI(t, context.Background(), "", append(base, "--addr", tlsAddr, "--tls-ca", ca, "--timeout", "2s")...)
+	if code != exitError || strings.Contains(errs, "unknown flag") || strings.Contains(errs, "speaks TLS") {
+		t.Fatalf("--tls-ca: exit %d, stderr %q", code, errs)
+	}
+	code, _, errs = runCLI(t, context.Background(), "", append(base, "--addr", closedAddr(t))...)
+	if code != exitError || !strings.Contains(errs, "accepts connections") || strings.Contains(errs, "start one") {
+		t.Fatalf("closed address: exit %d, stderr %q", code, errs)
+	}
+}

@@ -13,8 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/webhook"
@@ -61,15 +59,15 @@ from a flag value, which any user could read in the process list.`
 
 func newWebhookProxyCmd(e *env) *cobra.Command {
 	var (
-		addrs                      []string
-		listen, upstream, ns       string
-		idHeader, idJSON           string
-		idContent, digest, create  bool
-		lease, ttl, upTimeout, rpc time.Duration
-		maxWait                    time.Duration
-		maxBody                    int64
-		logLevel                   string
-		sig                        signatureFlags
+		cf                        clientFlags // the connection flags every cluster command shares
+		listen, upstream, ns      string
+		idHeader, idJSON          string
+		idContent, digest, create bool
+		lease, ttl, upTimeout     time.Duration
+		maxWait                   time.Duration
+		maxBody                   int64
+		logLevel                  string
+		sig                       signatureFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "webhook-proxy --upstream URL (--id-header NAME | --id-json-field PATH | --id-content) [--listen ADDR] [--namespace NS] [--addr HOST:PORT,...]",
@@ -103,8 +101,8 @@ func newWebhookProxyCmd(e *env) *cobra.Command {
 			if n != 1 {
 				return usagef("give exactly one of --id-header NAME, --id-json-field PATH or --id-content")
 			}
-			if len(addrs) == 0 {
-				return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", defaultAddr)
+			if err := cf.validate(cmd); err != nil {
+				return err
 			}
 			if upTimeout < 0 || maxWait <= 0 {
 				return usagef("--upstream-timeout must not be negative and --upstream-max-wait must be positive")
@@ -122,14 +120,12 @@ func newWebhookProxyCmd(e *env) *cobra.Command {
 			}
 
 			ctx := e.ctx
-			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			c, err := client.New(dctx, addrs, client.WithTimeout(rpc), client.WithRetry(1000, 50*time.Millisecond, time.Second))
-			cancel()
+			c, err := cf.dial(ctx, cmd)
 			if err != nil {
-				return usagef("%v", err)
+				return explain(err, &cf, ns)
 			}
 			defer c.Close()
-			if err := ensureNamespace(ctx, c, ns, ttl, create, rpc); err != nil {
+			if err := ensureNamespace(ctx, c, &cf, ns, ttl, create); err != nil {
 				return err
 			}
 			b := c.NewBatcher()
@@ -178,8 +174,10 @@ func newWebhookProxyCmd(e *env) *cobra.Command {
 			return nil
 		}),
 	}
+	cf.register(cmd)
+	// Webhook-proxy prints no results: --output does not apply.
+	_ = cmd.Flags().MarkHidden("output")
 	fs := cmd.Flags()
-	fs.StringSliceVar(&addrs, "addr", []string{defaultAddr}, "gRPC `HOST:PORT` of one or more dedupnode nodes, comma-separated (env DEDUPNODE_ADDR)")
 	fs.StringVar(&listen, "listen", "127.0.0.1:8088", "`ADDR` to accept webhooks on (HOST:PORT; port 0 picks a free one)")
 	fs.StringVar(&upstream, "upstream", "", "`URL` of the endpoint that handles the webhooks (request paths are appended to its path)")
 	fs.StringVar(&idHeader, "id-header", "", "take the event ID from header `NAME`")
@@ -192,7 +190,6 @@ func newWebhookProxyCmd(e *env) *cobra.Command {
 	fs.DurationVar(&upTimeout, "upstream-timeout", 25*time.Second, "answer the sender 504 when the upstream has not answered within this `DURATION`; the delivery goes on, holding the event ID until the upstream answers (0: the sender waits as long as the upstream)")
 	fs.DurationVar(&maxWait, "upstream-max-wait", webhook.DefaultMaxUpstream, "give up on an upstream call after this `DURATION` (cancel it and release the event ID so a retry can deliver it)")
 	sig.register(fs)
-	fs.DurationVar(&rpc, "timeout", 5*time.Second, "bound one dedupnode RPC attempt by this `DURATION`")
 	fs.Int64Var(&maxBody, "max-body", 1<<20, "largest request body accepted, in `BYTES` (larger: 413)")
 	fs.BoolVar(&digest, "digest-body", true, "send the body's SHA-256 with the event ID, so an ID reused for another body answers 422")
 	fs.StringVar(&logLevel, "log-level", "warn", "log `LEVEL` on stderr: debug (one line per webhook), info, warn or error")
@@ -278,23 +275,23 @@ func (f *signatureFlags) verifier(getenv func(string) string) (webhook.Verifier,
 }
 
 // ensureNamespace checks that ns exists and creates it when allowed.
-func ensureNamespace(ctx context.Context, c *client.Client, ns string, ttl time.Duration, create bool, rpc time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, max(rpc, 10*time.Second))
+func ensureNamespace(ctx context.Context, c *client.Client, cf *clientFlags, ns string, ttl time.Duration, create bool) error {
+	ctx, cancel := cf.withTimeout(ctx)
 	defer cancel()
 	_, err := c.DescribeNamespace(ctx, ns)
-	if status.Code(err) == codes.NotFound && create {
+	if errors.Is(err, client.ErrNamespaceNotFound) && create {
 		_, err = c.CreateNamespace(ctx, client.Namespace{Name: ns, DefaultTTL: ttl, MaxTTL: max(ttl, 7*24*time.Hour)})
-		if status.Code(err) == codes.AlreadyExists {
+		if errors.Is(err, client.ErrNamespaceExists) {
 			err = nil
 		}
 	}
 	switch {
 	case err == nil:
 		return nil
-	case status.Code(err) == codes.NotFound:
+	case errors.Is(err, client.ErrNamespaceNotFound):
 		return &opError{err: fmt.Errorf("namespace %q does not exist", ns), hint: fmt.Sprintf("create it with 'dedupnode namespace create %s', or pass --create-namespace", ns)}
-	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded:
-		return &opError{err: fmt.Errorf("dedupnode cluster unreachable: %w", err), hint: "start one ('dedupnode dev') or pass --addr HOST:PORT of a running node"}
 	}
-	return &opError{err: err}
+	// The shared explanation: a cluster that is down, a wrong address, TLS
+	// or token trouble, each with its own hint.
+	return explain(err, cf, ns)
 }
