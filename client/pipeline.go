@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -100,8 +101,13 @@ type pstream struct {
 	sendMu sync.Mutex
 
 	mu      sync.Mutex
-	pending map[uint64]chan streamResult
+	pending map[uint64]pendingCall
 	err     error // set once the stream broke; no call is added after
+}
+
+type pendingCall struct {
+	done  chan streamResult
+	write bool // not a Check: a broken stream leaves its outcome unknown
 }
 
 type streamResult struct {
@@ -287,7 +293,8 @@ func (p *Pipeline) do(ctx context.Context, req *dedupv1.StreamRequest) (*dedupv1
 		<-p.slots
 		return nil, err
 	}
-	s.pending[id] = done
+	_, read := req.Call.(*dedupv1.StreamRequest_Check)
+	s.pending[id] = pendingCall{done: done, write: !read}
 	s.mu.Unlock()
 	// From here the slot is freed by whoever takes the call out of
 	// pending: the reader (answer or broken stream) or a failed send.
@@ -296,7 +303,7 @@ func (p *Pipeline) do(ctx context.Context, req *dedupv1.StreamRequest) (*dedupv1
 	s.sendMu.Unlock()
 	if err != nil && !errors.Is(err, io.EOF) {
 		// Not sent (e.g. too large): the stream itself is fine.
-		if s.take(id) != nil {
+		if _, ok := s.take(id); ok {
 			<-p.slots
 		}
 		return nil, err
@@ -318,12 +325,12 @@ func (p *Pipeline) do(ctx context.Context, req *dedupv1.StreamRequest) (*dedupv1
 	}
 }
 
-func (s *pstream) take(id uint64) chan streamResult {
+func (s *pstream) take(id uint64) (pendingCall, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch := s.pending[id]
+	pc, ok := s.pending[id]
 	delete(s.pending, id)
-	return ch
+	return pc, ok
 }
 
 // stream returns the open stream, opening one if there is none. Concurrent
@@ -375,7 +382,7 @@ func (p *Pipeline) open(a *openAttempt) {
 		close(a.done)
 		return
 	}
-	s := &pstream{cs: cs, cancel: cancel, pending: map[uint64]chan streamResult{}}
+	s := &pstream{cs: cs, cancel: cancel, pending: map[uint64]pendingCall{}}
 	p.cur, a.s = s, s
 	p.mu.Unlock()
 	close(a.done)
@@ -391,9 +398,9 @@ func (p *Pipeline) read(s *pstream) {
 			p.broke(s, err)
 			return
 		}
-		if ch := s.take(r.RequestId); ch != nil {
+		if pc, ok := s.take(r.RequestId); ok {
 			<-p.slots
-			ch <- streamResult{resp: r}
+			pc.done <- streamResult{resp: r}
 		}
 	}
 }
@@ -411,9 +418,22 @@ func (p *Pipeline) broke(s *pstream, err error) {
 	s.pending = nil
 	s.mu.Unlock()
 	s.cancel()
-	for _, ch := range pending {
+	// A write that was sent may have been applied: say so, as a node does
+	// for a write whose outcome it cannot know (a retry with the same
+	// request token returns the original answer).
+	werr := err
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable && len(st.Details()) == 0 {
+		if ws, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: dedupv1.ErrorDomain, Reason: dedupv1.ReasonOutcomeUnknown}); derr == nil {
+			werr = ws.Err()
+		}
+	}
+	for _, pc := range pending {
 		<-p.slots
-		ch <- streamResult{err: err}
+		if pc.write {
+			pc.done <- streamResult{err: werr}
+		} else {
+			pc.done <- streamResult{err: err}
+		}
 	}
 }
 
