@@ -17,10 +17,19 @@ import (
 // growing after one whole interval without a new ID.
 const bloomCompactEvery = 2 * time.Second
 
-// bloomCompactor polls compactFilters until ctx ends.
+// bloomCompactor polls compactFilters until ctx ends (every
+// Config.BloomCompactInterval; never when it is negative).
 func (bg *background) bloomCompactor(ctx context.Context, f *FSM) {
 	defer bg.wg.Done()
-	t := time.NewTicker(bloomCompactEvery)
+	every := f.cfg.BloomCompactInterval
+	if every < 0 {
+		<-ctx.Done()
+		return
+	}
+	if every == 0 {
+		every = bloomCompactEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/dedupnode/dedupnode/bloom"
 )
 
 // Compaction brings a bucket's grown chain to one filter of ≤ 10 bits per
@@ -12,7 +14,10 @@ import (
 // are applied during the compaction, not after Save/Load, not after a
 // rebuild.
 func TestBloomCompactionKeepsEveryIDAndShrinksFilters(t *testing.T) {
-	h := newHarness(t) // ExpectedPerBucket 1000
+	// The test drives every compaction itself: the background poller
+	// would otherwise compact the chain whenever a slow (-race, loaded)
+	// run leaves the bucket quiet for 2 s, before the chain is measured.
+	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000}, BloomCompactInterval: -1})
 	const ttl = 3_600_000
 	const total = 25_000 // IDs marked in all
 	// markRange marks id-from..id-to-1 and returns how many did not answer

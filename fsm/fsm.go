@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -25,6 +26,11 @@ type Config struct {
 	Logger  *slog.Logger
 	// Buffer bounds the write buffer (DESIGN.md, "Write buffer").
 	Buffer BufferLimits
+	// BloomCompactInterval is how often the background goroutine looks for
+	// Bloom filter chains worth compacting (0: every 2 s). Negative turns
+	// the polling off: tests that call compactFilters themselves need no
+	// second compactor racing them.
+	BloomCompactInterval time.Duration
 }
 
 // BufferLimits bound the write buffer: it is committed to Pebble when

@@ -23,17 +23,25 @@ type harness struct {
 	t     *testing.T
 	f     *FSM
 	dir   string
+	cfg   Config // without Dir; reopen uses it again
 	index uint64
 }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000}})
+}
+
+// newHarnessConfig opens an FSM with cfg in a fresh directory.
+func newHarnessConfig(t *testing.T, cfg Config) *harness {
+	t.Helper()
 	dir := t.TempDir()
-	f, err := New(Config{Dir: dir, Bloom: bloom.Config{ExpectedPerBucket: 1000}})
+	cfg.Dir = dir
+	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, f: f, dir: dir}
+	h := &harness{t: t, f: f, dir: dir, cfg: cfg}
 	t.Cleanup(func() { h.f.Close() })
 	return h
 }
@@ -43,7 +51,7 @@ func (h *harness) reopen() {
 	if err := h.f.Close(); err != nil {
 		h.t.Fatal(err)
 	}
-	f, err := New(Config{Dir: h.dir, Bloom: bloom.Config{ExpectedPerBucket: 1000}})
+	f, err := New(h.cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
