@@ -31,9 +31,19 @@ type Config struct {
 	// NodeID is this node's Raft server ID; it must be unique across all
 	// time (a replaced machine gets a new ID).
 	NodeID string
-	// DataDir holds raft/raft.db (log and stable store), raft/snapshots and
-	// fsm/ (the state machine's Pebble database).
+	// DataDir holds the Raft log and stable store (raft/wal/ or
+	// raft/raft.db, per LogStore), raft/snapshots and fsm/ (the state
+	// machine's Pebble database).
 	DataDir string
+	// LogStore picks the Raft log and stable store (default
+	// DefaultLogStore). A data dir holding the other store's files is
+	// refused with a *LogStoreMismatchError.
+	LogStore LogStore
+	// WALSegmentBytes is the size of one raft-wal segment file (default
+	// 64 MiB, raft-wal's). Truncation behind a snapshot deletes whole
+	// segments, so the log directory holds the entries kept plus at most
+	// about two segments.
+	WALSegmentBytes int
 	// RaftAddr is the bind address for Raft traffic; port 0 picks a free
 	// port (read it back with Node.RaftAddr). Ignored when RaftListener is
 	// set.
@@ -78,7 +88,7 @@ type Config struct {
 	// LogCacheEntries and LogCacheBytes bound the in-memory cache of the
 	// newest Raft log entries (defaults 512 entries, 32 MiB of entry data;
 	// the newest entry is always cached). Replication and a follower's
-	// apply read recent entries from it; older ones come from bbolt.
+	// apply read recent entries from it; older ones come from the store.
 	LogCacheEntries int
 	LogCacheBytes   int
 
@@ -113,6 +123,9 @@ func (c *Config) withDefaults() Config {
 	d := *c
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.LogStore == "" {
+		d.LogStore = DefaultLogStore
 	}
 	if d.SnapshotRetain <= 0 {
 		d.SnapshotRetain = 2
@@ -154,6 +167,14 @@ func (c *Config) validate() error {
 	}
 	if c.RaftAddr == "" && c.RaftListener == nil {
 		errs = append(errs, errors.New("RaftAddr is required"))
+	}
+	switch c.LogStore {
+	case "", LogStoreWAL, LogStoreBoltDB:
+	default:
+		errs = append(errs, fmt.Errorf("LogStore %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBoltDB))
+	}
+	if c.WALSegmentBytes < 0 {
+		errs = append(errs, fmt.Errorf("WALSegmentBytes %d: want 0 (default) or more", c.WALSegmentBytes))
 	}
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("GRPCAddr is required"))

@@ -15,14 +15,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 
 	"github.com/dedupnode/dedupnode/fsm"
 )
 
 // Node is one member of a dedupnode Raft group: the Raft instance, its
-// log/stable store (bbolt), snapshot store, TCP transport and the FSM it
+// log/stable store (raft-wal or bbolt, Config.LogStore), snapshot store, TCP transport and the FSM it
 // drives, plus the leader-side machinery (group-commit proposer, read
 // index, leadership loop). A process may host several Nodes (no globals).
 //
@@ -34,8 +33,8 @@ type Node struct {
 	raft   *raft.Raft
 	trans  *raft.NetworkTransport
 	stream *streamLayer
-	bolt   *raftboltdb.BoltStore
-	logs   *logCache // in front of bolt (logcache.go)
+	store  raftStore // log and stable store (logstore.go)
+	logs   *logCache // in front of store (logcache.go)
 	snaps  *raft.FileSnapshotStore
 
 	hadState bool
@@ -114,14 +113,10 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	closers = append(closers, n.stream.Close)
 
-	n.bolt, err = raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(raftDir, "raft.db"),
-		BoltOptions: boltOptions(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(raftDir, "raft.db"), err)
+	if n.store, err = openLogStore(cfg.DataDir, cfg.LogStore, cfg.WALSegmentBytes, hcl); err != nil {
+		return nil, err
 	}
-	closers = append(closers, n.bolt.Close)
+	closers = append(closers, n.store.Close)
 
 	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(raftDir, cfg.SnapshotRetain, hcl); err != nil {
 		return nil, fmt.Errorf("open snapshot store: %w", err)
@@ -137,7 +132,7 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	closers = append(closers, n.fsm.Close)
 
-	if n.hadState, err = raft.HasExistingState(n.bolt, n.bolt, n.snaps); err != nil {
+	if n.hadState, err = raft.HasExistingState(n.store, n.store, n.snaps); err != nil {
 		return nil, fmt.Errorf("inspect raft state: %w", err)
 	}
 	skipRestore, err := n.canSkipRestore()
@@ -157,9 +152,9 @@ func New(cfg Config) (_ *Node, err error) {
 	})
 	closers = append(closers, n.trans.Close)
 
-	n.logs = newLogCache(n.bolt, cfg.LogCacheEntries, cfg.LogCacheBytes)
+	n.logs = newLogCache(n.store, cfg.LogCacheEntries, cfg.LogCacheBytes)
 	rc := n.raftConfig(hcl, skipRestore)
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.bolt, n.snaps, n.trans); err != nil {
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, n.trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	closers = append(closers, func() error { return n.raft.Shutdown().Error() })
@@ -186,7 +181,7 @@ func New(cfg Config) (_ *Node, err error) {
 	go n.runObserver()
 	go n.runLeadership()
 	go n.prop.run()
-	n.log.Info("raft node started", "raft_addr", n.RaftAddr(), "grpc_addr", cfg.GRPCAddr,
+	n.log.Info("raft node started", "raft_addr", n.RaftAddr(), "grpc_addr", cfg.GRPCAddr, "raft_log_store", cfg.LogStore,
 		"existing_state", n.hadState, "restore_snapshot_on_start", !skipRestore)
 	return n, nil
 }
@@ -270,7 +265,7 @@ func (n *Node) canSkipRestore() (bool, error) {
 	}
 	for i := applied + 1; i <= snapIdx; i++ {
 		var l raft.Log
-		if err := n.bolt.GetLog(i, &l); err != nil || l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+		if err := n.store.GetLog(i, &l); err != nil || l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
 			n.log.Warn("fsm behind latest snapshot; restoring it", "fsm_applied", applied, "snapshot_index", snapIdx)
 			return false, nil
 		}
@@ -490,7 +485,7 @@ func (n *Node) Status() (Status, error) {
 		FSM:            n.fsm.Stats(),
 	}
 	s.AppliedIndex = s.FSM.AppliedIndex
-	if fi, err := n.bolt.FirstIndex(); err == nil {
+	if fi, err := n.store.FirstIndex(); err == nil {
 		s.FirstLogIndex = fi
 	}
 	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
@@ -560,7 +555,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		if err := n.fsm.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close fsm: %w", err))
 		}
-		if err := n.bolt.Close(); err != nil {
+		if err := n.store.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close raft log: %w", err))
 		}
 		n.shutErr = errors.Join(errs...)

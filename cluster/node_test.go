@@ -219,9 +219,17 @@ func TestInvariant5_LeaderTimestampsNeverGoBackwards(t *testing.T) {
 // with the FSM's data intact, a restart does not re-ingest the snapshot;
 // with the FSM's directory gone, the snapshot is restored and the log
 // replayed, so nothing is lost either way.
+// With each log store: a restart keeps the log, the term and the FSM.
 func TestRestart_SnapshotRestoreOnlyWhenFSMBehind(t *testing.T) {
+	for _, ls := range LogStores {
+		t.Run(string(ls), func(t *testing.T) { testRestartSnapshotRestore(t, ls) })
+	}
+}
+
+func testRestartSnapshotRestore(t *testing.T, ls LogStore) {
 	dir := t.TempDir()
 	cfg := testConfig(dir, true)
+	cfg.LogStore = ls
 	n := startNode(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -264,6 +272,9 @@ func TestRestart_SnapshotRestoreOnlyWhenFSMBehind(t *testing.T) {
 	n2, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !n2.HadExistingState() {
+		t.Fatal("restarted node found no raft state")
 	}
 	if skip, err := n2.canSkipRestore(); err != nil || !skip {
 		t.Fatalf("canSkipRestore with a current FSM: %v %v", skip, err)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/dedupnode/dedupnode/fsm"
 )
@@ -47,7 +46,8 @@ var keyCurrentTerm = []byte("CurrentTerm")
 // the old cluster remain in the node table until removed.
 //
 // Returns the backup's index and term, the new fencing epoch and the
-// record counts.
+// record counts. The Raft log store is DefaultLogStore;
+// SeedFromBackupStore picks another.
 func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger) (SeedResult, error) {
 	return SeedFromBackupAt(dataDir, nodeID, raftAddr, backup, logger, time.Now())
 }
@@ -67,7 +67,16 @@ type SeedResult struct {
 }
 
 // SeedFromBackupAt is SeedFromBackup counting records as of now.
-func SeedFromBackupAt(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger, now time.Time) (res SeedResult, err error) {
+func SeedFromBackupAt(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger, now time.Time) (SeedResult, error) {
+	return SeedFromBackupStore(dataDir, nodeID, raftAddr, DefaultLogStore, backup, logger, now)
+}
+
+// SeedFromBackupStore is SeedFromBackupAt with the Raft log store the node
+// will be started with (the backup's term goes into that store).
+func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backup io.Reader, logger *slog.Logger, now time.Time) (res SeedResult, err error) {
+	if store == "" {
+		store = DefaultLogStore
+	}
 	if nodeID == "" || raftAddr == "" || dataDir == "" {
 		return res, errors.New("seed from backup: node ID, raft address and data dir are required")
 	}
@@ -75,7 +84,7 @@ func SeedFromBackupAt(dataDir, nodeID, raftAddr string, backup io.Reader, logger
 		logger = slog.New(slog.DiscardHandler)
 	}
 	raftDir := filepath.Join(dataDir, "raft")
-	if fi, err := os.Stat(filepath.Join(raftDir, "raft.db")); err == nil && fi.Size() > 0 {
+	if found, err := DetectLogStore(dataDir); err != nil || found != "" {
 		return res, fmt.Errorf("%s already holds Raft state: restore into an empty data dir", dataDir)
 	}
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {
@@ -143,18 +152,15 @@ func SeedFromBackupAt(dataDir, nodeID, raftAddr string, backup io.Reader, logger
 		return res, fmt.Errorf("write raft snapshot: %w", err)
 	}
 
-	bolt, err := raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(raftDir, "raft.db"),
-		BoltOptions: boltOptions(),
-	})
+	rs, err := openLogStore(dataDir, store, 0, hcl)
 	if err != nil {
-		return res, fmt.Errorf("open raft log: %w", err)
+		return res, err
 	}
-	if err := bolt.SetUint64(keyCurrentTerm, term); err != nil {
-		bolt.Close()
+	if err := rs.SetUint64(keyCurrentTerm, term); err != nil {
+		rs.Close()
 		return res, fmt.Errorf("set raft term: %w", err)
 	}
-	if err := bolt.Close(); err != nil {
+	if err := rs.Close(); err != nil {
 		return res, err
 	}
 	logger.Info("seeded data dir from backup", "dir", dataDir, "index", index, "term", term, "node", nodeID, "raft_addr", raftAddr,

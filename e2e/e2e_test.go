@@ -74,14 +74,26 @@ func checkAll(t *testing.T, ctx context.Context, stage string, c *client.Client,
 // duplicate through the survivors; then every node restarted (one after a
 // clean SIGTERM, the others after SIGKILL) and the same checked again on
 // each node. README Guarantees (2) (no lost marks) end to end.
+//
+// Run with each Raft log store (serve --raft-log-store).
 func TestInvariant2_NoLostMarksAcrossLeaderKillAndFullRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds the binary and runs 3 processes")
 	}
+	bin := buildBinary(t)
+	for _, store := range logStores {
+		t.Run(store, func(t *testing.T) { testNoLostMarksAcrossKills(t, bin, store) })
+	}
+}
+
+// logStores are the --raft-log-store values the kill -9 tests run with.
+var logStores = []string{"wal", "boltdb"}
+
+func testNoLostMarksAcrossKills(t *testing.T, bin, store string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	bin := buildBinary(t)
 	cl := newPeersCluster(t, bin, 3)
+	cl.store = store
 	cl.startAll()
 	all := cl.addrs()
 	cl.waitLeader(ctx, all, 60*time.Second)
@@ -301,15 +313,24 @@ func TestCLIContract(t *testing.T) {
 // A cluster grown by `serve --join`: one --bootstrap node, two joiners that
 // enter as non-voters and are promoted once caught up; then the original
 // leader is killed and the joined nodes carry on with every mark.
+//
+// Run with each Raft log store (serve --raft-log-store).
 func TestJoinedNodesBecomeVotersAndSurviveLeaderKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds the binary and runs 3 processes")
 	}
+	bin := buildBinary(t)
+	for _, store := range logStores {
+		t.Run(store, func(t *testing.T) { testJoinedSurviveLeaderKill(t, bin, store) })
+	}
+}
+
+func testJoinedSurviveLeaderKill(t *testing.T, bin, store string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := buildBinary(t)
 	cl := newPeersCluster(t, bin, 3)
 	cl.args = nil
+	cl.store = store
 	seed := cl.nodes[0]
 	cl.start(seed, "--bootstrap")
 	cl.waitLeader(ctx, []string{seed.grpc}, 60*time.Second)

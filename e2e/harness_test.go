@@ -75,6 +75,8 @@ type cluster struct {
 	bin   string
 	nodes []*node
 	args  []string // mode flags (--peers ... or --bootstrap)
+	// store, when set, is passed as --raft-log-store to every start.
+	store string
 }
 
 // newPeersCluster prepares n nodes with a static --peers list.
@@ -129,6 +131,9 @@ func (c *cluster) start(n *node, extra ...string) {
 		"--node-id", n.id, "--data-dir", n.dir,
 		"--raft-addr", n.raft, "--grpc-addr", n.grpc,
 		"--log-level", "info"}, c.args...)
+	if c.store != "" {
+		args = append(args, "--raft-log-store", c.store)
+	}
 	args = append(args, extra...)
 	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

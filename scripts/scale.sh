@@ -18,7 +18,11 @@
 #      snapshot timer), so the follower must install the snapshot;
 #   4. disk space returned once the N IDs expire (their TTL is short,
 #      --ttl): Pebble bytes before and after the expiry buckets were dropped
-#      and compacted, polled with a deadline.
+#      and compacted, polled with a deadline;
+#   5. the Raft log bound: every node is stopped and its Raft log read
+#      (bench/scaleprobe --raft-log): the log's size on disk against the
+#      bytes of the entries it keeps (behind the last snapshot: trailing
+#      logs; and after it), and whether it is at most twice those.
 #
 # It prints a markdown report and writes it to
 # bench/results/scale-<date>-<size>.md (or --out FILE).
@@ -32,7 +36,11 @@
 #     --ttl DURATION     TTL of the loaded IDs, e.g. 16m (default: long
 #                        enough for the load and the measurements, about
 #                        N/25000 s + 9 min; 1d with --skip expiry)
-#     --skip LIST        phases to leave out: restart,follower,expiry
+#     --skip LIST        phases to leave out: restart,follower,expiry,raftlog
+#     --raft-log-store S serve --raft-log-store S (wal or boltdb; default:
+#                        the binary's default)
+#     --serve-args "..." more serve flags for every node, e.g.
+#                        "--raft-trailing-logs 1024 --raft-snapshot-interval 5s"
 #     --dir DIR          parent of the data directory (default $TMPDIR or /tmp)
 #     --out FILE         report file (default bench/results/scale-<date>-<size>.md)
 #     --load-max DUR     bound on the load (seconds; default max(600, N/10000))
@@ -61,9 +69,11 @@ LOAD_MAX=""
 EXPIRY_MAX=900
 KEEP=0
 WORKTREE=0
+LOG_STORE=""
+SERVE_ARGS=""
 ARGS_GIVEN="$*"
 
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,54p' "$0" | sed 's/^# \{0,1\}//'; }
 
 # dur_s 16m|90s|1h|1d|600 -> seconds
 dur_s() {
@@ -90,6 +100,8 @@ while [ $# -gt 0 ]; do
 	--out) OUT=$2; shift 2 ;;
 	--load-max) LOAD_MAX=$(dur_s "$2"); shift 2 ;;
 	--expiry-max) EXPIRY_MAX=$(dur_s "$2"); shift 2 ;;
+	--raft-log-store) LOG_STORE=$2; shift 2 ;;
+	--serve-args) SERVE_ARGS=$2; shift 2 ;;
 	--keep) KEEP=1; shift ;;
 	--worktree) WORKTREE=1; shift ;;
 	*) echo "scale.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -102,7 +114,7 @@ for x in "$BATCH" "$CONC" "$EXPIRY_MAX"; do
 done
 skip() { [[ ",$SKIP," == *",$1,"* ]]; }
 for p in ${SKIP//,/ }; do
-	case "$p" in restart | follower | expiry) ;; *) echo "scale.sh: --skip: unknown phase $p (restart, follower, expiry)" >&2; exit 2 ;; esac
+	case "$p" in restart | follower | expiry | raftlog) ;; *) echo "scale.sh: --skip: unknown phase $p (restart, follower, expiry, raftlog)" >&2; exit 2 ;; esac
 done
 command -v jq >/dev/null || { echo "scale.sh: needs jq" >&2; exit 1; }
 
@@ -255,9 +267,13 @@ start_node() {
 	local n=$1
 	shift
 	mkdir -p "$WORK/data"
+	local extra=()
+	[ -n "$LOG_STORE" ] && extra+=(--raft-log-store "$LOG_STORE")
+	# shellcheck disable=SC2206 # word splitting of --serve-args is intended
+	[ -n "$SERVE_ARGS" ] && extra+=($SERVE_ARGS)
 	"$BIN" serve --node-id "$n" --data-dir "$WORK/data/$n" \
 		--raft-addr "127.0.0.1:${RPORT[$n]}" --grpc-addr "127.0.0.1:${GPORT[$n]}" \
-		--log-level warn "$@" >>"$WORK/$n.log" 2>&1 &
+		--log-level warn "${extra[@]}" "$@" >>"$WORK/$n.log" 2>&1 &
 	PID[$n]=$!
 	write_pids
 }
@@ -280,9 +296,9 @@ dub() { # allocated bytes of a path (0 if missing)
 	[ -e "$1" ] || { echo 0; return; }
 	du -s -B1 "$1" 2>/dev/null | cut -f1
 }
-disk() { # disk NODE -> "raft_log snapshots pebble"
+disk() { # disk NODE -> "raft_log snapshots pebble" (the log: raft.db or wal/, whichever store)
 	local d=$WORK/data/$1
-	echo "$(dub "$d/raft/raft.db") $(dub "$d/raft/snapshots") $(dub "$d/fsm")"
+	echo "$(($(dub "$d/raft/raft.db") + $(dub "$d/raft/wal"))) $(dub "$d/raft/snapshots") $(dub "$d/fsm")"
 }
 mib() { awk -v b="$1" 'BEGIN { m = b / 1048576; if (m < 100) printf "%.1f MiB", m; else printf "%.0f MiB", m }'; }
 per_id() { awk -v b="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", b / n; else print "-" }'; }
@@ -331,7 +347,7 @@ report() {
 				echo "### RSS and disk per node, after the leader's Raft snapshot and log compaction"
 			fi
 			echo
-			echo "| node | IDs stored | VmRSS | RSS / ID | peak (VmHWM) | anon / file-backed | Bloom | Raft log (raft.db) | Raft snapshots | Pebble | disk / ID |"
+			echo "| node | IDs stored | VmRSS | RSS / ID | peak (VmHWM) | anon / file-backed | Bloom | Raft log | Raft snapshots | Pebble | disk / ID |"
 			echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 			for n in $(get "$ph.nodes"); do
 				read -r r1 r2 r3 r4 <<<"$(get "$ph.$n.rss")"
@@ -368,7 +384,7 @@ report() {
 		if [ -n "$(get expiry.nodes)" ]; then
 			echo "## Disk space returned after the IDs expired"
 			echo
-			echo "Every loaded ID had expired at $(get expiry.t_exp_h) UTC; the last expiry bucket could be dropped $BUCKET_S s later. Pebble (fsm/) bytes per node; the Raft log (bbolt) never shrinks its file, it reuses its free pages."
+			echo "Every loaded ID had expired at $(get expiry.t_exp_h) UTC; the last expiry bucket could be dropped $BUCKET_S s later. Pebble (fsm/) bytes per node; the Raft log comes back only with wal (whole segments deleted behind a snapshot); boltdb never shrinks its file, it reuses its free pages."
 			echo
 			echo "| node | IDs stored before / after | Pebble before | Pebble after | returned | Raft log before / after | Pebble size last changed (s after the last bucket could be dropped; +0 = by the first poll) |"
 			echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -380,6 +396,19 @@ report() {
 			done
 			echo
 			echo "$(get expiry.verdict)"
+			echo
+		fi
+		if [ -n "$(get raftlog.nodes)" ]; then
+			echo "## Raft log on disk against the entries it keeps"
+			echo
+			echo "Every node stopped (SIGTERM) at the end of the run, then its Raft log read offline (\`scaleprobe --raft-log DIR\`): the entries it keeps (from its first index — the last snapshot's index minus the trailing logs, after a truncation — to its last), their bytes (entry data), and the log's allocated size on disk (du). Bound: disk ≤ 2× the kept entries' bytes."
+			echo
+			echo "| node | store | last snapshot | log first..last index | entries kept | their bytes | log on disk | disk / kept | ≤ 2× |"
+			echo "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"
+			for n in $(get raftlog.nodes); do
+				read -r st fi li ne eb db <<<"$(get "raftlog.$n")"
+				echo "| $n | $st | $(get "raftlog.$n.snap") | $fi..$li | $ne | $(mib "${eb:-0}") | $(mib "${db:-0}") | $(awk -v d="${db:-0}" -v e="${eb:-0}" 'BEGIN { if (e > 0) printf "%.2f", d / e; else print "-" }') | $(awk -v d="${db:-0}" -v e="${eb:-0}" 'BEGIN { if (e > 0 && d <= 2 * e) print "yes"; else print "**no**" }') |"
+			done
 			echo
 		fi
 		if [ ${#NOTES[@]} -gt 0 ]; then
@@ -665,6 +694,29 @@ if ! skip expiry; then
 		note "space after expiry: not every node had returned its space within ${EXPIRY_MAX} s"
 	fi
 	cmd_note "(wait until every ID expired, then poll du -s -B1 DIR/nI/fsm and dedupnode status -o json every 10 s, at most ${EXPIRY_MAX}s)"
+fi
+
+# --- 5. the Raft log on disk against the entries it keeps ------------------------
+if ! skip raftlog; then
+	for n in "${NAMES[@]}"; do
+		[ -n "${PID[$n]:-}" ] || continue
+		put "raftlog.$n.snap" "$(status_json "$n" | jq -r '.last_snapshot_index // 0')"
+	done
+	for n in "${NAMES[@]}"; do
+		[ -n "${PID[$n]:-}" ] || continue
+		stop_pid "${PID[$n]}" 60
+		PID[$n]=""
+		write_pids
+		out=$("$PROBE" --raft-log "$WORK/data/$n" 2>>"$LOG") || { note "scaleprobe --raft-log $n failed (see $LOG)"; continue; }
+		echo "$out" >>"$LOG"
+		put "raftlog.$n" "$(jq -r '"\(.store) \(.first_index) \(.last_index) \(.entries) \(.entry_bytes) \(.disk_bytes)"' <<<"$out")"
+		put raftlog.nodes "$(get raftlog.nodes) $n"
+		log "raft log of $n: $(jq -c . <<<"$out")"
+		if [ "$(jq -r .first_index <<<"$out")" -le 1 ]; then
+			note "$n's Raft log was never truncated (first index $(jq -r .first_index <<<"$out")): no snapshot past the trailing logs yet, so the bound is not tested on it"
+		fi
+	done
+	cmd_note "kill -TERM PID; scaleprobe --raft-log DIR/nI   # every node, at the end"
 fi
 
 report

@@ -11,16 +11,32 @@ import (
 	"github.com/dedupnode/dedupnode/bench"
 )
 
-func dedupnodeSystem(nodes int, quick, full []Case) system {
+// Raft log stores (serve --raft-log-store). Spelled out rather than taken
+// from dedupnode's cluster package, which would pull raft and bbolt into
+// this module next to etcd's. defaultLogStore must match
+// defaultLogStore: the target rows measure the default.
+const (
+	defaultLogStore = "wal"
+	otherLogStore   = "boltdb"
+)
+
+// dedupnodeSystem is dedupnode on nodes nodes with the Raft log store
+// store (serve --raft-log-store). The default store's rows keep the plain
+// keys (dedupnode-1, dedupnode-3: the target rows); another store's get
+// its name appended (dedupnode-1-boltdb).
+func dedupnodeSystem(nodes int, store string, quick, full []Case) system {
 	key := fmt.Sprintf("dedupnode-%d", nodes)
+	if store != defaultLogStore {
+		key += "-" + store
+	}
 	return system{
 		Key:   key,
-		Name:  fmt.Sprintf("dedupnode, %d node%s", nodes, plural(nodes)),
+		Name:  fmt.Sprintf("dedupnode, %d node%s, %s log", nodes, plural(nodes), store),
 		Kind:  "dedupnode",
 		Nodes: nodes,
-		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev); " +
-			"the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
-		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes, key) },
+		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev), " +
+			"--raft-log-store " + store + "; the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
+		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes, store, key) },
 		Quick: quick,
 		Full:  full,
 	}
@@ -30,14 +46,14 @@ func dedupnodeSystem(nodes int, quick, full []Case) system {
 // Batcher (bench --coalesce): every ID is its own call, merged into few
 // RPCs by the client. Not a target row: the targets compare raw calls.
 func dedupnodeBatcherSystem(nodes int, quick, full []Case) system {
-	s := dedupnodeSystem(nodes, quick, full)
+	s := dedupnodeSystem(nodes, defaultLogStore, quick, full)
 	s.Key += "-batcher"
 	s.Name += ", Go client Batcher"
 	s.Detail = "as the row without Batcher, but every ID is its own single-ID call (one goroutine per ID, as a consumer " +
 		"handling one message per goroutine makes them) through the Go client's Batcher, which merges waiting calls into " +
 		"one RPC (at most 4 in flight per operation); latency is per caller call of the batch size shown"
 	s.Start = func(ctx context.Context, e *env) (Instance, error) {
-		inst, err := startDedupnode(ctx, e, nodes, s.Key)
+		inst, err := startDedupnode(ctx, e, nodes, defaultLogStore, s.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -51,13 +67,13 @@ func dedupnodeBatcherSystem(nodes int, quick, full []Case) system {
 // Dedup.Stream per connection (bench --transport stream) instead of a
 // unary RPC.
 func dedupnodeStreamSystem(nodes int, quick, full []Case) system {
-	s := dedupnodeSystem(nodes, quick, full)
+	s := dedupnodeSystem(nodes, defaultLogStore, quick, full)
 	s.Key += "-stream"
 	s.Name += ", streamed calls"
 	s.Detail = "as the row without streamed calls, but every call is a message on one Dedup.Stream per connection " +
 		"(bench --transport stream), shared by the callers, instead of a unary RPC"
 	s.Start = func(ctx context.Context, e *env) (Instance, error) {
-		inst, err := startDedupnode(ctx, e, nodes, s.Key)
+		inst, err := startDedupnode(ctx, e, nodes, defaultLogStore, s.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -76,9 +92,9 @@ type dedupInst struct {
 	transport string
 }
 
-// startDedupnode starts a cluster of nodes for the system named sys (its
-// data directories are named after it).
-func startDedupnode(ctx context.Context, e *env, nodes int, sys string) (*dedupInst, error) {
+// startDedupnode starts a cluster of nodes with the Raft log store store
+// for the system named sys (its data directories are named after it).
+func startDedupnode(ctx context.Context, e *env, nodes int, store string, sys string) (*dedupInst, error) {
 	if e.cfg.DedupnodeBin == "" {
 		return nil, fmt.Errorf("%w: no --dedupnode-bin given", errSkip)
 	}
@@ -90,7 +106,7 @@ func startDedupnode(ctx context.Context, e *env, nodes int, sys string) (*dedupI
 		}
 		w := newLineWatcher("addrs:")
 		p, err := startProc(startOpts{name: sys + " (dev)", path: e.cfg.DedupnodeBin,
-			args: []string{"dev", "--nodes", fmt.Sprint(nodes), "--base-port", "0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn"},
+			args: []string{"dev", "--nodes", fmt.Sprint(nodes), "--base-port", "0", "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn", "--raft-log-store", store},
 			dir:  dir, logPath: filepath.Join(dir, "dedupnode.log"), stdout: w, stopSig: 2})
 		if err != nil {
 			return nil, err
@@ -124,7 +140,8 @@ func startDedupnode(ctx context.Context, e *env, nodes int, sys string) (*dedupI
 				return nil, err
 			}
 			args := []string{"serve", "--node-id", fmt.Sprintf("n%d", i+1), "--data-dir", filepath.Join(dir, "data"),
-				"--grpc-addr", inst.addrs[i], "--raft-addr", strings.Split(peers[i], "=")[1], "--log-level", "warn"}
+				"--grpc-addr", inst.addrs[i], "--raft-addr", strings.Split(peers[i], "=")[1], "--log-level", "warn",
+				"--raft-log-store", store}
 			if nodes == 1 {
 				args = append(args, "--bootstrap")
 			} else {

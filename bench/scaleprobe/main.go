@@ -23,6 +23,12 @@
 // Every poll is bounded by --timeout; the command exits 1 if a milestone
 // asked for with --until was not reached in time (the JSON still says
 // which were).
+//
+// scaleprobe --raft-log DATADIR instead reads the Raft log of a STOPPED
+// node (either store) and prints, as one JSON object, the store, its first
+// and last index, the entries and their bytes (what the log must keep), and
+// the allocated bytes of the log's file or directory (what it takes on
+// disk, as du counts them).
 package main
 
 import (
@@ -32,8 +38,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -41,7 +49,34 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
 )
+
+// printRaftLog prints cluster.InspectLog's figures and the allocated size
+// of the log on disk.
+func printRaftLog(dataDir string) error {
+	info, err := cluster.InspectLog(dataDir)
+	if err != nil {
+		return err
+	}
+	var disk int64
+	err = filepath.Walk(info.Path, func(_ string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && !fi.IsDir() {
+			disk += st.Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"store": info.Store, "path": info.Path, "first_index": info.FirstIndex, "last_index": info.LastIndex,
+		"entries": info.Entries, "entry_bytes": info.EntryBytes, "disk_bytes": disk,
+	})
+}
 
 type result struct {
 	Addr       string `json:"addr"`
@@ -69,8 +104,16 @@ func main() {
 		id        = flag.String("id", "", "an ID marked before; check_ms waits until a linearizable Check of it answers SEEN")
 		until     = flag.String("until", "caught_up,check", "comma-separated milestones to wait for: listen, status, leader, caught_up, check, snapshot, voter, bloom")
 		interval  = flag.Duration("interval", 20*time.Millisecond, "poll interval")
+		raftLog   = flag.String("raft-log", "", "print the Raft log figures of the stopped node whose data dir this is, and exit")
 	)
 	flag.Parse()
+	if *raftLog != "" {
+		if err := printRaftLog(*raftLog); err != nil {
+			fmt.Fprintln(os.Stderr, "scaleprobe:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *addr == "" {
 		fmt.Fprintln(os.Stderr, "scaleprobe: --addr is required")
 		os.Exit(2)

@@ -40,6 +40,7 @@ type devFlags struct {
 	logFormat  string
 	adminAddr  string
 	cpuProfile string
+	logStore   string
 }
 
 const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
@@ -76,7 +77,7 @@ func newDevCmd(e *env) *cobra.Command {
   dedupnode dev --data-dir /tmp/dd --base-port 0`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format", "admin-addr"); err != nil {
+			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format", "admin-addr", "raft-log-store"); err != nil {
 				return err
 			}
 			return runDev(e, f)
@@ -90,6 +91,7 @@ func newDevCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.logLevel, "log-level", "error", "node log `LEVEL` on stderr: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "node log `FORMAT`: text or json")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "admin HTTP listener (/metrics, status page, /healthz) of the first node at `HOST:PORT`; node i uses PORT+i; PORT 0 = free ports; off when empty")
+	fs.StringVar(&f.logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` of every node: wal or boltdb (as serve --raft-log-store; env DEDUPNODE_RAFT_LOG_STORE)")
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the whole cluster process to `FILE` until it stops (read with 'go tool pprof FILE')")
 	return cmd
 }
@@ -131,6 +133,10 @@ func devAdminAddrs(flag string, n int) ([]string, error) {
 func runDev(e *env, f *devFlags) (err error) {
 	if f.nodes < 1 || f.nodes > devMaxNodes {
 		return usagef("--nodes %d: want 1 to %d", f.nodes, devMaxNodes)
+	}
+	logStore, perr := cluster.ParseLogStore(f.logStore)
+	if perr != nil || f.logStore == "" {
+		return usagef("--raft-log-store %q: want wal or boltdb", f.logStore)
 	}
 	if f.basePort < 0 || f.basePort > 65535-devRaftOffset-devMaxNodes {
 		return usagef("--base-port %d: want 0 (any free ports) or 1 to %d", f.basePort, 65535-devRaftOffset-devMaxNodes)
@@ -197,6 +203,7 @@ func runDev(e *env, f *devFlags) (err error) {
 					GRPCAddr: n.GRPC,
 					Peers:    peers,
 					Logger:   logger.With("node", n.ID),
+					LogStore: logStore,
 				},
 				ListenAddr:           n.GRPC,
 				AutoCreateNamespaces: true,

@@ -48,6 +48,14 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 	t.Setenv("DEDUPNODE_ADDR", "")
 	os.Unsetenv("DEDUPNODE_ADDR")
 	dir := t.TempDir()
+	// A data dir holding a raft-wal log (its meta file is what marks it).
+	walDir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(walDir, "raft", "wal"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(walDir, "raft", "wal", "wal-meta.db"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		args []string
@@ -85,6 +93,9 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"serve zero snapshot threshold", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-threshold", "0"}, "--raft-snapshot-threshold 0"},
 		{"serve zero trailing logs", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-trailing-logs", "0"}, "--raft-trailing-logs 0"},
 		{"serve tiny snapshot interval", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-interval", "10ms"}, "--raft-snapshot-interval 10ms"},
+		{"serve bad log store", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-log-store", "rocks"}, `--raft-log-store "rocks"`},
+		{"serve other store's data dir", []string{"serve", "--node-id", "n1", "--data-dir", walDir, "--raft-log-store", "boltdb"}, "configured with --raft-log-store boltdb: start it with --raft-log-store wal"},
+		{"dev bad log store", []string{"dev", "--raft-log-store", "bolt"}, "--raft-log-store"},
 		{"dev too many nodes", []string{"dev", "--nodes", "40"}, "--nodes"},
 		{"namespace bad mode", []string{"namespace", "create", "x", "--mode", "rolling"}, "--mode"},
 		{"namespace no sub", []string{"namespace"}, "subcommand"},

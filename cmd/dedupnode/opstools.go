@@ -141,7 +141,7 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 }
 
 func newRestoreCmd(e *env) *cobra.Command {
-	var from, nodeID, dataDir, raftAddr string
+	var from, nodeID, dataDir, raftAddr, logStore string
 	cmd := &cobra.Command{
 		Use:   "restore --from FILE --node-id ID --data-dir DIR --raft-addr HOST:PORT",
 		Short: "Seed a new cluster's first node from a backup (offline)",
@@ -170,12 +170,16 @@ the node table until you 'remove' them.`,
 			if hasState(dataDir) {
 				return usagef("%s already holds a node's state: restore into a new, empty --data-dir", dataDir)
 			}
+			store, err := cluster.ParseLogStore(logStore)
+			if err != nil || logStore == "" {
+				return usagef("--raft-log-store %q: want wal or boltdb", logStore)
+			}
 			in, err := os.Open(from)
 			if err != nil {
 				return &opError{err: err, hint: "check --from"}
 			}
 			defer in.Close()
-			res, err := cluster.SeedFromBackup(dataDir, nodeID, raftAddr, in, nil)
+			res, err := cluster.SeedFromBackupStore(dataDir, nodeID, raftAddr, store, in, nil, time.Now())
 			if err != nil {
 				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
 			}
@@ -184,7 +188,7 @@ the node table until you 'remove' them.`,
 			fmt.Fprintf(e.stdout, "records: %d restored (%d committed, %d leased); skipped as expired: %d; released leases (count as absent): %d\n",
 				c.Live(), c.Committed, c.Leased, c.Expired, c.Released)
 			fmt.Fprintf(e.stdout, "fencing epoch %d: every fencing token of this cluster exceeds any the source cluster can grant\n", res.FenceEpoch)
-			fmt.Fprintf(e.stdout, "start it with: %s serve --node-id %s --data-dir %s --raft-addr %s --grpc-addr HOST:PORT\n", e.progName, nodeID, dataDir, raftAddr)
+			fmt.Fprintf(e.stdout, "start it with: %s serve --node-id %s --data-dir %s --raft-addr %s --raft-log-store %s --grpc-addr HOST:PORT\n", e.progName, nodeID, dataDir, raftAddr, store)
 			return nil
 		}),
 	}
@@ -193,6 +197,7 @@ the node table until you 'remove' them.`,
 	fs.StringVar(&nodeID, "node-id", "", "`ID` of the new cluster's first node (a new ID, not one of the old cluster's)")
 	fs.StringVar(&dataDir, "data-dir", "", "empty `DIR` to seed")
 	fs.StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` the node will serve on, as the other nodes reach it")
+	fs.StringVar(&logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` the node will be served with (serve --raft-log-store): wal or boltdb")
 	return cmd
 }
 

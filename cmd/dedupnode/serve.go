@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -44,6 +43,7 @@ type serveFlags struct {
 	snapThreshold uint64
 	snapInterval  time.Duration
 	trailingLogs  uint64
+	raftLogStore  string
 	logLevel      string
 	logFormat     string
 	tlsCert       string
@@ -67,7 +67,7 @@ var serveFlagNames = []string{
 	"node-id", "data-dir", "raft-addr", "grpc-addr", "bootstrap", "peers", "join",
 	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
 	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
-	"log-level", "log-format",
+	"raft-log-store", "log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
 	"memory-limit",
 }
@@ -160,6 +160,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.Uint64Var(&f.snapThreshold, "raft-snapshot-threshold", 8192, "take a Raft snapshot once `N` log entries follow the last one (checked every --raft-snapshot-interval)")
 	fs.DurationVar(&f.snapInterval, "raft-snapshot-interval", 2*time.Minute, "how often (`DUR`, randomised up to 2x) to check --raft-snapshot-threshold")
 	fs.Uint64Var(&f.trailingLogs, "raft-trailing-logs", 10240, "Raft log entries (`N`) kept behind a snapshot, so a follower that fell behind by fewer catches up from the log, not a whole snapshot; one entry holds up to thousands of IDs under load, so lower it to bound the log's disk use")
+	fs.StringVar(&f.raftLogStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log and stable store: `STORE` wal (segment files, one fsync per append, disk returned after a snapshot) or boltdb (raft-boltdb); a data dir keeps the store it was created with (docs/OPERATIONS.md to move a node)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "this node's certificate `FILE` (PEM); turns on TLS for gRPC and Raft (needs --tls-key and --tls-ca)")
@@ -214,10 +215,11 @@ func parseByteSize(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-// hasState reports whether dir already holds a node's Raft state.
+// hasState reports whether dir already holds a node's Raft state (either
+// store's log; both at once counts too, and the node refuses to start).
 func hasState(dir string) bool {
-	fi, err := os.Stat(filepath.Join(dir, "raft", "raft.db"))
-	return err == nil && fi.Size() > 0
+	ls, err := cluster.DetectLogStore(dir)
+	return err != nil || ls != ""
 }
 
 // parsePeers parses "id=raft=grpc,id=raft=grpc".
@@ -271,6 +273,13 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	if f.maxBatch < 1 {
 		return cfg, nil, usagef("--max-batch must be at least 1")
+	}
+	logStore, err := cluster.ParseLogStore(f.raftLogStore)
+	if err != nil || f.raftLogStore == "" {
+		return cfg, nil, usagef("--raft-log-store %q: want wal or boltdb", f.raftLogStore)
+	}
+	if err := cluster.CheckLogStore(f.dataDir, logStore); err != nil {
+		return cfg, nil, usagef("%v", err)
 	}
 	if f.snapThreshold == 0 {
 		return cfg, nil, usagef("--raft-snapshot-threshold 0: want at least 1 log entry, e.g. 8192")
@@ -326,6 +335,7 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 			Bootstrap: f.bootstrap,
 			Peers:     peers,
 			Logger:    logger,
+			LogStore:  logStore,
 		},
 		ListenAddr:           f.grpcAddr,
 		AutoCreateNamespaces: f.autoCreate,

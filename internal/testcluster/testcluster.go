@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -90,13 +91,36 @@ func Listen(t testing.TB) net.Listener {
 	return ln
 }
 
+// LogStoreEnv names the environment variable that picks the Raft log store
+// of every node these helpers configure (as serve's
+// DEDUPNODE_RAFT_LOG_STORE), so a package's tests can be run with each
+// store: DEDUPNODE_RAFT_LOG_STORE=boltdb go test ./server/. Unset or
+// empty: cluster.DefaultLogStore.
+const LogStoreEnv = "DEDUPNODE_RAFT_LOG_STORE"
+
+// LogStore is the store named by LogStoreEnv ("" = the default). An
+// unknown name panics: a typo must not silently test the default.
+func LogStore() cluster.LogStore {
+	v := os.Getenv(LogStoreEnv)
+	if v == "" {
+		return ""
+	}
+	ls, err := cluster.ParseLogStore(v)
+	if err != nil {
+		panic(fmt.Sprintf("%s: %v", LogStoreEnv, err))
+	}
+	return ls
+}
+
 // ConfigOn is a node's config without TLS, serving Raft on raftLn and
-// gRPC on grpcLn, with Election-based Raft timings.
+// gRPC on grpcLn, with Election-based Raft timings, and the Raft log
+// store of LogStore.
 func ConfigOn(id, dataDir string, raftLn, grpcLn net.Listener) server.Config {
 	return server.Config{
 		Cluster: cluster.Config{
 			NodeID:             id,
 			DataDir:            dataDir,
+			LogStore:           LogStore(),
 			RaftListener:       raftLn,
 			RaftAddr:           raftLn.Addr().String(),
 			GRPCAddr:           grpcLn.Addr().String(),

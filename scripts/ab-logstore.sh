@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# ab-logstore.sh — the Raft log stores (serve --raft-log-store wal|boltdb)
+# measured alternately (A B A B ...) in one sitting with `dedupnode bench`
+# mark-new, 50 callers, batch 16 and batch 1, on 1-node and 3-node clusters
+# of `serve` processes on loopback ports of THIS machine. Prints one
+# markdown table row per run: IDs/s, p99, and the server CPU per acknowledged
+# ID (utime+stime of every node process over the run, from /proc, divided by
+# the IDs acknowledged; it includes the warm-up).
+#
+# Usage: scripts/ab-logstore.sh [--rounds N] [--duration 10s] [--nodes "1 3"]
+#                               [--batches "16 1"] [--stores "wal boltdb"]
+#   Environment: DEDUPNODE_BIN=path to a prebuilt dedupnode binary.
+# Every process it starts is stopped by PID; every run is bounded in time.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROUNDS=2
+DUR=10s
+NODES_LIST="1 3"
+BATCHES="16 1"
+STORES="wal boltdb"
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--rounds) ROUNDS=$2; shift 2 ;;
+	--duration) DUR=$2; shift 2 ;;
+	--nodes) NODES_LIST=$2; shift 2 ;;
+	--batches) BATCHES=$2; shift 2 ;;
+	--stores) STORES=$2; shift 2 ;;
+	-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "ab-logstore.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+done
+command -v jq >/dev/null || { echo "ab-logstore.sh: needs jq" >&2; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ab-logstore.XXXXXX") || exit 1
+PIDS=()
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+BIN=${DEDUPNODE_BIN:-}
+if [ -z "$BIN" ]; then
+	(cd "$ROOT" && go build -o "$WORK/dedupnode" ./cmd/dedupnode) || exit 1
+	BIN=$WORK/dedupnode
+fi
+
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+cpu_ticks() { # summed utime+stime of the given PIDs, in clock ticks
+	local t=0 p s
+	for p in "$@"; do
+		s=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + s))
+	done
+	echo "$t"
+}
+HZ=$(getconf CLK_TCK)
+
+# run STORE NODES BATCH ROUND
+run() {
+	local store=$1 nodes=$2 batch=$3 round=$4 i g r peers="" addrs="" dir
+	local -a gs rs pids=()
+	dir=$WORK/run-$store-$nodes-$batch-$round
+	for ((i = 1; i <= nodes; i++)); do
+		gs[i]=127.0.0.1:$(free_port)
+		rs[i]=127.0.0.1:$(free_port)
+		peers+="${peers:+,}n$i=${rs[i]}=${gs[i]}"
+		addrs+="${addrs:+,}${gs[i]}"
+	done
+	for ((i = 1; i <= nodes; i++)); do
+		mode=(--peers "$peers")
+		[ "$nodes" = 1 ] && mode=(--bootstrap)
+		"$BIN" serve --node-id "n$i" --data-dir "$dir/n$i" --raft-addr "${rs[i]}" --grpc-addr "${gs[i]}" \
+			--log-level warn --raft-log-store "$store" "${mode[@]}" >>"$dir.log" 2>&1 &
+		pids+=($!)
+		PIDS+=($!)
+	done
+	if ! "$BIN" status --addr "$addrs" --wait --timeout 60s >/dev/null 2>>"$dir.log"; then
+		echo "| $store | $nodes | $batch | $round | cluster not ready (see log) | | | |"
+		for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+		return
+	fi
+	local c0 c1 out
+	c0=$(cpu_ticks "${pids[@]}")
+	out=$("$BIN" bench --addr "$addrs" -w mark-new -c 50 -b "$batch" -d "$DUR" --warmup 2s --max-time 60s \
+		--no-progress -o json 2>>"$dir.log")
+	c1=$(cpu_ticks "${pids[@]}")
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+	local ids rate p99 errs
+	ids=$(jq -r '.ids' <<<"$out")
+	rate=$(jq -r '.ids_per_sec | floor' <<<"$out")
+	p99=$(jq -r '.p99_ms' <<<"$out")
+	errs=$(jq -r '.errors' <<<"$out")
+	echo "| $store | $nodes | $batch | $round | $rate | $p99 | $(awk -v c=$((c1 - c0)) -v hz="$HZ" -v n="$ids" 'BEGIN { if (n > 0) printf "%.1f", c / hz / n * 1e6; else print "-" }') | $errs | $(cut -d' ' -f1 /proc/loadavg) |"
+}
+
+echo "| store | nodes | batch | round | IDs/s | p99 ms | server CPU µs/ID | errors | load (1 min) |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+for ((round = 1; round <= ROUNDS; round++)); do
+	for nodes in $NODES_LIST; do
+		for batch in $BATCHES; do
+			for store in $STORES; do
+				run "$store" "$nodes" "$batch" "$round"
+			done
+		done
+	done
+done
