@@ -40,9 +40,11 @@ type Config struct {
 	// refused with a *LogStoreMismatchError.
 	LogStore LogStore
 	// WALSegmentBytes is the size of one raft-wal segment file (default
-	// 64 MiB, raft-wal's). Truncation behind a snapshot deletes whole
-	// segments, so the log directory holds the entries kept plus at most
-	// about two segments.
+	// 16 MiB; raft-wal's own is 64 MiB). Truncation behind a snapshot
+	// deletes whole segments, so the log directory holds the entries kept
+	// plus at most about two segments (the head's older part and the
+	// preallocated tail): smaller segments bound a lightly loaded log
+	// tighter, at one more segment file per 16 MiB appended.
 	WALSegmentBytes int
 	// RaftAddr is the bind address for Raft traffic; port 0 picks a free
 	// port (read it back with Node.RaftAddr). Ignored when RaftListener is
@@ -126,6 +128,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.LogStore == "" {
 		d.LogStore = DefaultLogStore
+	}
+	if d.WALSegmentBytes <= 0 {
+		d.WALSegmentBytes = defaultWALSegmentBytes
 	}
 	if d.SnapshotRetain <= 0 {
 		d.SnapshotRetain = 2

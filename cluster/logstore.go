@@ -34,6 +34,9 @@ const (
 	DefaultLogStore = LogStoreWAL
 )
 
+// defaultWALSegmentBytes is Config.WALSegmentBytes' default.
+const defaultWALSegmentBytes = 16 << 20
+
 // LogStores lists the supported stores, default first.
 var LogStores = []LogStore{LogStoreWAL, LogStoreBoltDB}
 
@@ -142,8 +145,10 @@ func openLogStore(dataDir string, ls LogStore, segmentBytes int, hcl hclog.Logge
 		if err != nil {
 			return nil, err
 		}
-		// Segment size 0 is raft-wal's default (64 MiB). The meta store is
-		// ours to close: WAL.Close leaves it open (raft-wal v0.4.0), which
+		if segmentBytes <= 0 {
+			segmentBytes = defaultWALSegmentBytes
+		}
+		// The meta store is ours to close: WAL.Close leaves it open (raft-wal v0.4.0), which
 		// keeps bbolt's lock, so a reopen in the same process would block.
 		meta := &metadb.BoltMetaDB{}
 		w, err := wal.Open(dir, wal.WithLogger(hcl.Named("wal")), wal.WithSegmentSize(segmentBytes), wal.WithMetaStore(meta))
