@@ -129,6 +129,9 @@ func openLogStore(dataDir string, ls LogStore, segmentBytes int, hcl hclog.Logge
 	if err := CheckLogStore(dataDir, ls); err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(filepath.Join(dataDir, "raft"), 0o755); err != nil {
+		return nil, fmt.Errorf("create raft dir: %w", err)
+	}
 	switch ls {
 	case LogStoreBoltDB:
 		s, err := raftboltdb.New(raftboltdb.Options{Path: boltPath(dataDir), BoltOptions: boltOptions()})
@@ -148,38 +151,29 @@ func openLogStore(dataDir string, ls LogStore, segmentBytes int, hcl hclog.Logge
 		if segmentBytes <= 0 {
 			segmentBytes = defaultWALSegmentBytes
 		}
-		// The meta store is ours to close: WAL.Close leaves it open (raft-wal v0.4.0), which
-		// keeps bbolt's lock, so a reopen in the same process would block.
-		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(dir, wal.WithLogger(hcl.Named("wal")), wal.WithSegmentSize(segmentBytes), wal.WithMetaStore(meta))
+		w, err := wal.Open(dir, wal.WithLogger(hcl.Named("wal")), wal.WithSegmentSize(segmentBytes))
 		if err != nil {
-			meta.Close()
 			lock.Close()
 			return nil, fmt.Errorf("open raft log %s: %w", dir, err)
 		}
-		return &walStore{WAL: w, meta: meta, lock: lock}, nil
+		return &walStore{WAL: w, lock: lock}, nil
 	}
 	return nil, fmt.Errorf("unknown raft log store %q", ls)
 }
 
-// walStore is raft-wal with its meta store closed on Close and an
-// exclusive lock on its directory: raft-wal opens its meta file with
-// bbolt's default of waiting forever for bbolt's own lock, so a second
-// process on the same data dir would hang instead of failing (raft-boltdb
-// fails after its 2 s Timeout).
+// walStore is raft-wal with an exclusive lock on its directory: raft-wal
+// opens its meta file with bbolt's default of waiting forever for bbolt's
+// own lock, so a second process on the same data dir would hang instead of
+// failing (raft-boltdb fails after its 2 s Timeout).
 type walStore struct {
 	*wal.WAL
-	meta *metadb.BoltMetaDB
 	lock *os.File
 }
 
-// Close closes the WAL (it waits for a write in progress), then its meta
-// store, then releases the lock.
+// Close closes the WAL (it waits for a write in progress and closes its
+// meta store), then releases the lock.
 func (s *walStore) Close() error {
 	err := s.WAL.Close()
-	if cerr := s.meta.Close(); err == nil {
-		err = cerr
-	}
 	if cerr := s.lock.Close(); err == nil { // closing releases the flock
 		err = cerr
 	}

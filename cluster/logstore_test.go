@@ -181,3 +181,53 @@ func TestWAL_SecondOpenerFailsFast(t *testing.T) {
 	}
 	s.Close()
 }
+
+// raft clears a log suffix when a new leader's log disagrees with a
+// follower's ("clearing log suffix"), then keeps appending; the log must
+// still open after that. raft-wal v0.4.0 marked the truncated tail segment
+// sealed without writing its index block, and every later open failed with
+// "sealed segment has no index block" (hashicorp/raft-wal#31; found by
+// chaos-ci: the restarted node panicked in raft.NewRaft).
+func TestLogStore_ReopensAfterSuffixTruncation(t *testing.T) {
+	for _, ls := range LogStores {
+		t.Run(string(ls), func(t *testing.T) {
+			dataDir := t.TempDir()
+			open := func() raftStore {
+				t.Helper()
+				s, err := openLogStore(dataDir, ls, 0, hclog.NewNullLogger())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			store := func(s raftStore, from, to uint64, term uint64) {
+				t.Helper()
+				for i := from; i <= to; i++ {
+					if err := s.StoreLogs([]*raft.Log{{Index: i, Term: term, Type: raft.LogCommand, Data: []byte{byte(i), byte(term)}}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s := open()
+			store(s, 1, 20, 1)
+			if err := s.DeleteRange(18, 20); err != nil { // a conflicting suffix
+				t.Fatal(err)
+			}
+			store(s, 18, 25, 2)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = open()
+			defer s.Close()
+			for i := uint64(1); i <= 25; i++ {
+				var l raft.Log
+				if err := s.GetLog(i, &l); err != nil {
+					t.Fatalf("entry %d after reopen: %v", i, err)
+				}
+				if want := uint64(1); i >= 18 && l.Term != 2 || i < 18 && l.Term != want {
+					t.Fatalf("entry %d after reopen: term %d", i, l.Term)
+				}
+			}
+		})
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dedupnode/dedupnode/cluster"
 )
 
 // runCLI runs the command line in process and returns its exit code,
@@ -151,6 +153,7 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	t.Setenv("DEDUPNODE_MAX_BATCH", "77")
 	t.Setenv("DEDUPNODE_GRPC_ADDR", "127.0.0.1:9999")
 	t.Setenv("DEDUPNODE_RAFT_TRAILING_LOGS", "512")
+	t.Setenv("DEDUPNODE_RAFT_LOG_STORE", "boltdb")
 	e := &env{ctx: context.Background(), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	cmd := newServeCmd(e)
 	if err := cmd.ParseFlags([]string{"--grpc-addr", "127.0.0.1:7070"}); err != nil {
@@ -174,9 +177,13 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	f.snapThreshold, _ = fs.GetUint64("raft-snapshot-threshold")
 	f.snapInterval, _ = fs.GetDuration("raft-snapshot-interval")
 	f.trailingLogs, _ = fs.GetUint64("raft-trailing-logs")
+	f.raftLogStore, _ = fs.GetString("raft-log-store")
 	cfg, _, err := f.config(io.Discard)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.Cluster.LogStore != cluster.LogStoreBoltDB {
+		t.Fatalf("DEDUPNODE_RAFT_LOG_STORE not applied: %q", cfg.Cluster.LogStore)
 	}
 	if cfg.Cluster.NodeID != "from-env" || cfg.MaxBatch != 77 || len(cfg.Cluster.Peers) != 2 {
 		t.Fatalf("env not applied: %+v", cfg)
