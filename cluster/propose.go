@@ -91,11 +91,7 @@ func (p *proposer) submit(ctx context.Context, ops []fsm.Op) ([]fsm.OpResult, er
 	pr := &proposal{ctx: ctx, ops: ops, done: make(chan proposalResult, 1)}
 	for i := range ops {
 		pr.items += max(1, len(ops[i].Items))
-		pr.bytes += 16 + len(ops[i].Namespace)
-		for j := range ops[i].Items {
-			it := &ops[i].Items[j]
-			pr.bytes += 12 + len(it.ID) + len(it.Digest) + len(it.Token)
-		}
+		pr.bytes += fsm.EncodedOpSize(&ops[i])
 	}
 	p.mu.Lock()
 	if p.closed {
@@ -190,16 +186,18 @@ func (p *proposer) propose(batch []*proposal) {
 		release()
 		return
 	}
-	nops := 0
+	nops, size := 0, 32 // version, timestamp and op count
 	for _, pr := range batch {
 		nops += len(pr.ops)
+		size += pr.bytes
 	}
 	cmd := fsm.Command{TimestampMs: p.stamp(), Ops: make([]fsm.Op, 0, nops)}
 	for _, pr := range batch {
 		cmd.Ops = append(cmd.Ops, pr.ops...)
 	}
 	// A fresh buffer per entry: raft keeps Log.Data until it is applied.
-	data := fsm.AppendCommand(nil, &cmd)
+	// Sized from the ops' bounds, so appending never copies it.
+	data := fsm.AppendCommand(make([]byte, 0, size), &cmd)
 	f := p.n.raft.Apply(data, enqueueTimeout)
 	p.n.wg.Add(1)
 	go func() {

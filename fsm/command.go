@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -117,7 +118,11 @@ type Command struct {
 
 // Format limits enforced by DecodeCommand (and by Validate at the edge).
 const (
-	commandVersion = 1
+	// commandVersion is what AppendCommand writes. DecodeCommand also reads
+	// commandVersion1, the format of every entry written before
+	// 2026-12-01: Raft logs and snapshots' trailing entries outlive builds.
+	commandVersion  = 2
+	commandVersion1 = 1
 	// MaxDigestBytes bounds Item.Digest (a SHA-512 fits).
 	MaxDigestBytes = 64
 	// MaxTokenBytes bounds Item.Token.
@@ -128,18 +133,39 @@ const (
 	maxAddrBytes    = 256
 )
 
+// An item's head in format version 2 is len(ID)<<1 | itemExtras: one
+// byte for IDs up to 63 bytes. With itemExtras, a flags byte follows the
+// ID and says which of digest, own token and fence follow it.
+const (
+	itemExtras = 1
+	itemShift  = 1
+
+	itemDigest   = 1 << 0 // a digest follows
+	itemOwnToken = 1 << 1 // a token follows: the item's differs from its op's
+	itemFence    = 1 << 2 // a fence follows
+	itemFlags    = itemDigest | itemOwnToken | itemFence
+)
+
 // ErrCorruptCommand is returned by DecodeCommand for bytes that are not a
 // Command written by AppendCommand.
 var ErrCorruptCommand = errors.New("corrupt command")
 
 // AppendCommand appends the binary encoding of c to dst and returns it.
 //
-// Layout (all integers are unsigned varints unless noted):
+// Layout, format version 2 (integers are unsigned varints unless noted):
 //
 //	version(1 byte) timestamp(zigzag varint) nops
-//	op*: kind(1 byte) namespace(len+bytes) duration(zigzag) nitems
-//	     item*: id(len+bytes) digest(len+bytes) token(len+bytes) fence
+//	op*: kind(1 byte) namespace(len+bytes) duration(zigzag) token(len+bytes) nitems
+//	     item*: head id-bytes [flags(1 byte) [digest(len+bytes)] [token(len+bytes)] [fence]]
+//	            head = len(id)<<1 | itemExtras; flags = itemFence|itemOwnToken|itemDigest
 //	     then, by kind: namespace config | node info | fence epoch | nothing
+//
+// An op is one client call, and its items share the call's request token:
+// the op's token is its first item's, written once, and an item repeats a
+// token only when its own differs (the client's Batcher merges single-ID
+// calls with their own tokens into one op). A Mark of 16-byte IDs without
+// digests costs 17 bytes per ID (version 1 wrote id, digest, token and
+// fence for every item: 36 bytes with a 16-byte token).
 func AppendCommand(dst []byte, c *Command) []byte {
 	dst = append(dst, commandVersion)
 	dst = binary.AppendVarint(dst, c.TimestampMs)
@@ -149,13 +175,43 @@ func AppendCommand(dst []byte, c *Command) []byte {
 		dst = append(dst, byte(op.Kind))
 		dst = appendBytes(dst, []byte(op.Namespace))
 		dst = binary.AppendVarint(dst, op.DurationMs)
+		var token []byte
+		if len(op.Items) > 0 {
+			token = op.Items[0].Token
+		}
+		dst = appendBytes(dst, token)
 		dst = binary.AppendUvarint(dst, uint64(len(op.Items)))
 		for j := range op.Items {
 			it := &op.Items[j]
-			dst = appendBytes(dst, it.ID)
-			dst = appendBytes(dst, it.Digest)
-			dst = appendBytes(dst, it.Token)
-			dst = binary.AppendUvarint(dst, it.Fence)
+			var flags byte
+			if len(it.Digest) > 0 {
+				flags |= itemDigest
+			}
+			if !bytes.Equal(it.Token, token) {
+				flags |= itemOwnToken
+			}
+			if it.Fence != 0 {
+				flags |= itemFence
+			}
+			head := uint64(len(it.ID)) << itemShift
+			if flags != 0 {
+				head |= itemExtras
+			}
+			dst = binary.AppendUvarint(dst, head)
+			dst = append(dst, it.ID...)
+			if flags == 0 {
+				continue
+			}
+			dst = append(dst, flags)
+			if flags&itemDigest != 0 {
+				dst = appendBytes(dst, it.Digest)
+			}
+			if flags&itemOwnToken != 0 {
+				dst = appendBytes(dst, it.Token)
+			}
+			if flags&itemFence != 0 {
+				dst = binary.AppendUvarint(dst, it.Fence)
+			}
 		}
 		switch op.Kind {
 		case OpCreateNamespace, OpUpdateNamespace:
@@ -168,6 +224,38 @@ func AppendCommand(dst []byte, c *Command) []byte {
 		}
 	}
 	return dst
+}
+
+// EncodedOpSize bounds the bytes AppendCommand spends on op (varints
+// counted at their longest). The proposer sizes entries with it.
+func EncodedOpSize(op *Op) int {
+	token := 0
+	if len(op.Items) > 0 {
+		token = len(op.Items[0].Token)
+	}
+	n := 1 + binary.MaxVarintLen64 + len(op.Namespace) + binary.MaxVarintLen64 + 1 + token + binary.MaxVarintLen64
+	for i := range op.Items {
+		it := &op.Items[i]
+		n += 3 + len(it.ID) // head (a 4096-byte ID's fits in 2 bytes) and flags
+		if len(it.Digest) > 0 {
+			n += 1 + len(it.Digest)
+		}
+		if !bytes.Equal(it.Token, op.Items[0].Token) {
+			n += 1 + len(it.Token)
+		}
+		if it.Fence != 0 {
+			n += binary.MaxVarintLen64
+		}
+	}
+	switch op.Kind {
+	case OpCreateNamespace, OpUpdateNamespace:
+		n += 1 + len(op.Config.Name) + 7*binary.MaxVarintLen64 + 1
+	case OpSetNode, OpRemoveNode:
+		n += 2 + len(op.Node.ID) + 2 + len(op.Node.GRPCAddr)
+	case OpRaiseFenceEpoch:
+		n += binary.MaxVarintLen64
+	}
+	return n
 }
 
 func appendNamespace(dst []byte, ns *NamespaceConfig) []byte {
@@ -187,17 +275,19 @@ func appendBytes(dst, b []byte) []byte {
 	return append(dst, b...)
 }
 
-// DecodeCommand parses the bytes written by AppendCommand. Byte slices in
-// the result alias data. Any malformed input returns an error wrapping
-// ErrCorruptCommand; it never panics.
+// DecodeCommand parses the bytes written by AppendCommand, in format
+// version 2 or 1. Byte slices in the result alias data (items that share
+// their op's token share one slice). Any malformed input returns an error
+// wrapping ErrCorruptCommand; it never panics.
 func DecodeCommand(data []byte) (Command, error) {
 	d := decoder{buf: data}
 	var c Command
-	if v := d.byte(); v != commandVersion {
-		if d.err != nil {
-			return c, d.err
-		}
-		return c, fmt.Errorf("%w: version %d, want %d", ErrCorruptCommand, v, commandVersion)
+	version := d.byte()
+	if d.err != nil {
+		return c, d.err
+	}
+	if version != commandVersion && version != commandVersion1 {
+		return c, fmt.Errorf("%w: version %d, want %d or %d", ErrCorruptCommand, version, commandVersion, commandVersion1)
 	}
 	c.TimestampMs = d.varint()
 	nops := d.count(3)
@@ -216,19 +306,10 @@ func DecodeCommand(data []byte) (Command, error) {
 		}
 		op.Namespace = string(d.bytes(maxNameBytes))
 		op.DurationMs = d.varint()
-		nitems := d.count(4)
-		if d.err != nil {
-			return Command{}, d.err
-		}
-		if nitems > 0 {
-			op.Items = make([]Item, nitems)
-		}
-		for j := range op.Items {
-			it := &op.Items[j]
-			it.ID = d.bytes(MaxIDBytesLimit)
-			it.Digest = d.bytes(MaxDigestBytes)
-			it.Token = d.bytes(MaxTokenBytes)
-			it.Fence = d.uvarint()
+		if version == commandVersion1 {
+			d.itemsV1(op)
+		} else {
+			d.items(op)
 		}
 		switch op.Kind {
 		case OpCreateNamespace, OpUpdateNamespace:
@@ -266,6 +347,88 @@ func DecodeCommand(data []byte) (Command, error) {
 		return Command{}, d.err
 	}
 	return c, nil
+}
+
+// items reads an op's token and items in format version 2.
+func (d *decoder) items(op *Op) {
+	token := d.bytes(MaxTokenBytes)
+	nitems := d.count(1)
+	if d.err == nil && nitems == 0 && token != nil {
+		d.fail("a token without items")
+	}
+	if d.err != nil || nitems == 0 {
+		return
+	}
+	op.Items = make([]Item, nitems)
+	for j := range op.Items {
+		it := &op.Items[j]
+		head := d.uvarint()
+		if d.err != nil {
+			return
+		}
+		if head>>itemShift > MaxIDBytesLimit {
+			d.fail("id length %d exceeds limit %d", head>>itemShift, MaxIDBytesLimit)
+			return
+		}
+		it.ID = d.raw(int(head >> itemShift))
+		if head&itemExtras == 0 {
+			it.Token = token
+			if d.err != nil {
+				return
+			}
+			continue
+		}
+		flags := d.byte()
+		if d.err != nil {
+			return
+		}
+		if flags == 0 || flags&^itemFlags != 0 {
+			d.fail("bad item flags %#x", flags)
+			return
+		}
+		if j == 0 && flags&itemOwnToken != 0 {
+			d.fail("first item carries its own token")
+			return
+		}
+		if flags&itemDigest != 0 {
+			if it.Digest = d.bytes(MaxDigestBytes); it.Digest == nil && d.err == nil {
+				d.fail("empty digest flagged")
+			}
+		}
+		if flags&itemOwnToken != 0 {
+			it.Token = d.bytes(MaxTokenBytes)
+			if d.err == nil && bytes.Equal(it.Token, token) {
+				d.fail("own token equal to the op's")
+			}
+		} else {
+			it.Token = token
+		}
+		if flags&itemFence != 0 {
+			if it.Fence = d.uvarint(); it.Fence == 0 && d.err == nil {
+				d.fail("zero fence flagged")
+			}
+		}
+		if d.err != nil {
+			return
+		}
+	}
+}
+
+// itemsV1 reads an op's items in format version 1: id, digest, token and
+// fence for every item.
+func (d *decoder) itemsV1(op *Op) {
+	nitems := d.count(4)
+	if d.err != nil || nitems == 0 {
+		return
+	}
+	op.Items = make([]Item, nitems)
+	for j := range op.Items {
+		it := &op.Items[j]
+		it.ID = d.bytes(MaxIDBytesLimit)
+		it.Digest = d.bytes(MaxDigestBytes)
+		it.Token = d.bytes(MaxTokenBytes)
+		it.Fence = d.uvarint()
+	}
 }
 
 type decoder struct {
@@ -328,6 +491,23 @@ func (d *decoder) count(minSize int) uint64 {
 		return 0
 	}
 	return n
+}
+
+// raw reads n bytes (nil for 0).
+func (d *decoder) raw(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > len(d.buf) {
+		d.fail("length %d exceeds remaining %d bytes", n, len(d.buf))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	b := d.buf[:n:n]
+	d.buf = d.buf[n:]
+	return b
 }
 
 func (d *decoder) bytes(max int) []byte {

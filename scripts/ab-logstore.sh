@@ -5,10 +5,14 @@
 # of `serve` processes on loopback ports of THIS machine. Prints one
 # markdown table row per run: IDs/s, p99, and the server CPU per acknowledged
 # ID (utime+stime of every node process over the run, from /proc, divided by
-# the IDs acknowledged; it includes the warm-up).
+# the IDs acknowledged; it includes the warm-up), and the Raft log entry
+# bytes per ID stored (n1's log read after the run with bench/scaleprobe
+# --raft-log: entry data over the IDs the node stored, warm-up included).
 #
 # Usage: scripts/ab-logstore.sh [--rounds N] [--duration 10s] [--nodes "1 3"]
 #                               [--batches "16 1"] [--stores "wal boltdb"]
+#                               [--builds "old=PATH new=PATH"]
+#   --builds alternates prebuilt binaries too (A/B of two builds).
 #   Environment: DEDUPNODE_BIN=path to a prebuilt dedupnode binary.
 # Every process it starts is stopped by PID; every run is bounded in time.
 set -uo pipefail
@@ -19,6 +23,7 @@ DUR=10s
 NODES_LIST="1 3"
 BATCHES="16 1"
 STORES="wal boltdb"
+BUILDS=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--rounds) ROUNDS=$2; shift 2 ;;
@@ -26,7 +31,8 @@ while [ $# -gt 0 ]; do
 	--nodes) NODES_LIST=$2; shift 2 ;;
 	--batches) BATCHES=$2; shift 2 ;;
 	--stores) STORES=$2; shift 2 ;;
-	-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--builds) BUILDS=$2; shift 2 ;;
+	-h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "ab-logstore.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -43,11 +49,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-BIN=${DEDUPNODE_BIN:-}
-if [ -z "$BIN" ]; then
-	(cd "$ROOT" && go build -o "$WORK/dedupnode" ./cmd/dedupnode) || exit 1
-	BIN=$WORK/dedupnode
+if [ -z "$BUILDS" ]; then
+	BIN=${DEDUPNODE_BIN:-}
+	if [ -z "$BIN" ]; then
+		(cd "$ROOT" && go build -o "$WORK/dedupnode" ./cmd/dedupnode) || exit 1
+		BIN=$WORK/dedupnode
+	fi
+	BUILDS="this=$BIN"
 fi
+(cd "$ROOT" && go build -o "$WORK/scaleprobe" ./bench/scaleprobe) || exit 1
 
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
@@ -61,11 +71,11 @@ cpu_ticks() { # summed utime+stime of the given PIDs, in clock ticks
 }
 HZ=$(getconf CLK_TCK)
 
-# run STORE NODES BATCH ROUND
+# run BUILD STORE NODES BATCH ROUND
 run() {
-	local store=$1 nodes=$2 batch=$3 round=$4 i g r peers="" addrs="" dir
+	local build=${1%%=*} BIN=${1#*=} store=$2 nodes=$3 batch=$4 round=$5 i g r peers="" addrs="" dir
 	local -a gs rs pids=()
-	dir=$WORK/run-$store-$nodes-$batch-$round
+	dir=$WORK/run-$build-$store-$nodes-$batch-$round
 	for ((i = 1; i <= nodes; i++)); do
 		gs[i]=127.0.0.1:$(free_port)
 		rs[i]=127.0.0.1:$(free_port)
@@ -81,7 +91,7 @@ run() {
 		PIDS+=($!)
 	done
 	if ! "$BIN" status --addr "$addrs" --wait --timeout 60s >/dev/null 2>>"$dir.log"; then
-		echo "| $store | $nodes | $batch | $round | cluster not ready (see log) | | | |"
+		echo "| $build | $store | $nodes | $batch | $round | cluster not ready (see log) | | | | | |"
 		for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
 		return
 	fi
@@ -90,23 +100,30 @@ run() {
 	out=$("$BIN" bench --addr "$addrs" -w mark-new -c 50 -b "$batch" -d "$DUR" --warmup 2s --max-time 60s \
 		--no-progress -o json 2>>"$dir.log")
 	c1=$(cpu_ticks "${pids[@]}")
+	local stored
+	stored=$("$BIN" status --addr "${gs[1]}" --timeout 10s -o json 2>/dev/null | jq -r '.ids_stored // 0')
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+	local eb
+	eb=$("$WORK/scaleprobe" --raft-log "$dir/n1" 2>>"$dir.log" | jq -r '.entry_bytes // 0')
+	rm -rf "$dir"
 	local ids rate p99 errs
 	ids=$(jq -r '.ids' <<<"$out")
 	rate=$(jq -r '.ids_per_sec | floor' <<<"$out")
 	p99=$(jq -r '.p99_ms' <<<"$out")
 	errs=$(jq -r '.errors' <<<"$out")
-	echo "| $store | $nodes | $batch | $round | $rate | $p99 | $(awk -v c=$((c1 - c0)) -v hz="$HZ" -v n="$ids" 'BEGIN { if (n > 0) printf "%.1f", c / hz / n * 1e6; else print "-" }') | $errs | $(cut -d' ' -f1 /proc/loadavg) |"
+	echo "| $build | $store | $nodes | $batch | $round | $rate | $p99 | $(awk -v c=$((c1 - c0)) -v hz="$HZ" -v n="$ids" 'BEGIN { if (n > 0) printf "%.1f", c / hz / n * 1e6; else print "-" }') | $(awk -v b="${eb:-0}" -v n="${stored:-0}" 'BEGIN { if (n > 0) printf "%.1f", b / n; else print "-" }') | $errs | $(cut -d' ' -f1 /proc/loadavg) |"
 }
 
-echo "| store | nodes | batch | round | IDs/s | p99 ms | server CPU µs/ID | errors | load (1 min) |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| build | store | nodes | batch | round | IDs/s | p99 ms | server CPU µs/ID | log bytes/ID | errors | load (1 min) |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for ((round = 1; round <= ROUNDS; round++)); do
 	for nodes in $NODES_LIST; do
 		for batch in $BATCHES; do
 			for store in $STORES; do
-				run "$store" "$nodes" "$batch" "$round"
+				for b in $BUILDS; do
+					run "$b" "$store" "$nodes" "$batch" "$round"
+				done
 			done
 		done
 	done
