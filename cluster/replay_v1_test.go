@@ -34,10 +34,15 @@ type v1Fixture struct {
 
 // TestReplay_V1LogFixture: a Raft log written by the build of commit
 // e7189b4 (entries in command format version 1, a token per ID; a
-// raft-boltdb data dir, the only store then) is replayed into an empty
-// state machine by this build, which then holds the same records, with the
-// same tokens, digests, fences and times, as that build's own state
-// machine held after applying the same log.
+// raft-boltdb data dir, the only store then) is replayed by this build:
+//
+//  1. every entry, fed to an empty state machine as raft replays it,
+//     yields the same records — tokens, digests, fences, times — as that
+//     build's own state machine held after applying the same log. The
+//     checks read at the log's last timestamp: a live node's next entry
+//     carries today's, which would expire the fixture's short TTLs;
+//  2. a node started on the data dir replays the log to its end and has
+//     its namespaces and node table.
 func TestReplay_V1LogFixture(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("testdata", "v1log", "records.json"))
 	if err != nil {
@@ -59,44 +64,45 @@ func TestReplay_V1LogFixture(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every command entry of the fixture is in the old format.
+	// 1. The log, entry by entry, into an empty FSM.
 	s, err := openLogStore(dir, LogStoreBoltDB, 0, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
+	first, _ := s.FirstIndex()
 	last, _ := s.LastIndex()
+	f, err := fsm.New(fsm.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
 	commands := 0
-	for i := uint64(1); i <= last; i++ {
+	for i := first; i <= last; i++ {
 		var l raft.Log
 		if err := s.GetLog(i, &l); err != nil {
 			t.Fatal(err)
 		}
-		if l.Type != raft.LogCommand {
-			continue
+		if l.Type == raft.LogCommand {
+			commands++
+			if l.Data[0] != 1 {
+				t.Fatalf("fixture entry %d has format version %d, want 1", i, l.Data[0])
+			}
 		}
-		commands++
-		if l.Data[0] != 1 {
-			t.Fatalf("fixture entry %d has format version %d, want 1", i, l.Data[0])
-		}
-		if _, err := fsm.DecodeCommand(l.Data); err != nil {
-			t.Fatalf("fixture entry %d: %v", i, err)
+		if res := f.ApplyBatch([]*raft.Log{&l})[0]; res != nil {
+			if ae, ok := res.(*fsm.ApplyErr); ok {
+				t.Fatalf("fixture entry %d: %v", i, ae)
+			}
 		}
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if commands < 5 {
-		t.Fatalf("fixture holds %d command entries", commands)
+	if commands < 5 || f.AppliedIndex() != fx.AppliedIndex || f.LastTimestamp() != fx.LastTsMs {
+		t.Fatalf("replayed %d commands to index %d (last timestamp %d); the e7189b4 build applied to %d (%d)",
+			commands, f.AppliedIndex(), f.LastTimestamp(), fx.AppliedIndex, fx.LastTsMs)
 	}
-
-	cfg := testConfig(dir, false)
-	cfg.NodeID = "v1"
-	cfg.LogStore = LogStoreBoltDB
-	n := startNode(t, cfg)
-	waitFor(t, 60*time.Second, "the fixture's log replayed", func() bool { return n.FSM().AppliedIndex() >= fx.AppliedIndex })
-
 	for _, want := range fx.Records {
-		res, err := n.FSM().Check(want.Namespace, [][]byte{[]byte(want.ID)}, fx.LastTsMs)
+		res, err := f.Check(want.Namespace, [][]byte{[]byte(want.ID)}, fx.LastTsMs)
 		if err != nil {
 			t.Fatalf("%s/%s: %v", want.Namespace, want.ID, err)
 		}
@@ -107,6 +113,13 @@ func TestReplay_V1LogFixture(t *testing.T) {
 			t.Errorf("%s/%s after replay: %v %+v; the e7189b4 build read %+v", want.Namespace, want.ID, got.Code, got.Record, want)
 		}
 	}
+
+	// 2. A node on the data dir.
+	cfg := testConfig(dir, false)
+	cfg.NodeID = "v1"
+	cfg.LogStore = LogStoreBoltDB
+	n := startNode(t, cfg)
+	waitFor(t, 60*time.Second, "the fixture's log replayed", func() bool { return n.FSM().AppliedIndex() >= fx.AppliedIndex })
 	if ns, ok := n.FSM().Namespace("fx-sliding"); !ok || ns.DefaultTTLMs != 7_200_000 || ns.Mode != fsm.ExpirySliding {
 		t.Errorf("namespace fx-sliding after replay: %+v %v", ns, ok)
 	}
