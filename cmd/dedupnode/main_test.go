@@ -528,3 +528,42 @@ func TestServeWarnsWhenBootstrapMeetsExistingState(t *testing.T) {
 		t.Fatalf("fresh dir: exit %d, stderr %q", code, errs)
 	}
 }
+
+// Without --raft-log-store, serve opens the store the data dir already
+// holds: a node created with boltdb (the default before wal) starts after
+// an upgrade with the same command line. A new data dir gets wal; naming
+// the other store explicitly is still refused.
+func TestServeLogStoreFollowsTheDataDir(t *testing.T) {
+	empty := t.TempDir()
+	bolt := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(bolt, "raft"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bolt, "raft", "raft.db"), []byte("bolt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dir, flag string
+		want      cluster.LogStore
+		wantErr   string
+	}{
+		{dir: empty, want: cluster.DefaultLogStore},
+		{dir: bolt, want: cluster.LogStoreBoltDB},
+		{dir: bolt, flag: "boltdb", want: cluster.LogStoreBoltDB},
+		{dir: bolt, flag: "wal", wantErr: "start it with --raft-log-store boltdb"},
+		{dir: empty, flag: "rocks", wantErr: `--raft-log-store "rocks"`},
+	} {
+		f := &serveFlags{dataDir: tc.dir, raftLogStore: tc.flag}
+		got, err := f.logStore()
+		switch {
+		case tc.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s with --raft-log-store %q: error %v, want one containing %q", tc.dir, tc.flag, err, tc.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%s with --raft-log-store %q: %v", tc.dir, tc.flag, err)
+		case got != tc.want:
+			t.Errorf("%s with --raft-log-store %q: opened %s, want %s", tc.dir, tc.flag, got, tc.want)
+		}
+	}
+}

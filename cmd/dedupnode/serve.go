@@ -160,7 +160,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.Uint64Var(&f.snapThreshold, "raft-snapshot-threshold", 8192, "take a Raft snapshot once `N` log entries follow the last one (checked every --raft-snapshot-interval)")
 	fs.DurationVar(&f.snapInterval, "raft-snapshot-interval", 2*time.Minute, "how often (`DUR`, randomised up to 2x) to check --raft-snapshot-threshold")
 	fs.Uint64Var(&f.trailingLogs, "raft-trailing-logs", 10240, "Raft log entries (`N`) kept behind a snapshot, so a follower that fell behind by fewer catches up from the log, not a whole snapshot; one entry holds up to thousands of IDs under load, so lower it to bound the log's disk use")
-	fs.StringVar(&f.raftLogStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log and stable store: `STORE` wal (segment files, one fsync per append, disk returned after a snapshot) or boltdb (raft-boltdb); a data dir keeps the store it was created with (docs/OPERATIONS.md to move a node)")
+	fs.StringVar(&f.raftLogStore, "raft-log-store", "", "Raft log and stable store: `STORE` wal (segment files, one fsync per append, disk returned after a snapshot) or boltdb (raft-boltdb); a data dir keeps the store it was created with (docs/OPERATIONS.md to move a node) (default: the store the data dir holds, wal for a new one)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "this node's certificate `FILE` (PEM); turns on TLS for gRPC and Raft (needs --tls-key and --tls-ca)")
@@ -274,12 +274,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if f.maxBatch < 1 {
 		return cfg, nil, usagef("--max-batch must be at least 1")
 	}
-	logStore, err := cluster.ParseLogStore(f.raftLogStore)
-	if err != nil || f.raftLogStore == "" {
-		return cfg, nil, usagef("--raft-log-store %q: want wal or boltdb", f.raftLogStore)
-	}
-	if err := cluster.CheckLogStore(f.dataDir, logStore); err != nil {
-		return cfg, nil, usagef("%v", err)
+	logStore, err := f.logStore()
+	if err != nil {
+		return cfg, nil, err
 	}
 	if f.snapThreshold == 0 {
 		return cfg, nil, usagef("--raft-snapshot-threshold 0: want at least 1 log entry, e.g. 8192")
@@ -357,6 +354,32 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 
 // security sets up TLS (gRPC, node-to-node gRPC and Raft) and access
 // control from the flags, and f.reload for SIGHUP.
+// logStore is the Raft log store to open: the one --raft-log-store names,
+// which must be the one the data dir holds, or, when the flag is not given,
+// the one the data dir holds (DefaultLogStore for a new node), so that a
+// node created before wal became the default starts after an upgrade
+// without a new flag.
+func (f *serveFlags) logStore() (cluster.LogStore, error) {
+	if f.raftLogStore == "" {
+		found, err := cluster.DetectLogStore(f.dataDir)
+		if err != nil {
+			return "", usagef("%v", err)
+		}
+		if found == "" {
+			return cluster.DefaultLogStore, nil
+		}
+		return found, nil
+	}
+	ls, err := cluster.ParseLogStore(f.raftLogStore)
+	if err != nil {
+		return "", usagef("--raft-log-store %q: want wal or boltdb", f.raftLogStore)
+	}
+	if err := cluster.CheckLogStore(f.dataDir, ls); err != nil {
+		return "", usagef("%v", err)
+	}
+	return ls, nil
+}
+
 func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 	var reloads []func() error
 	tlsOn := f.tlsCert != "" || f.tlsKey != ""
