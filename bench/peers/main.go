@@ -94,8 +94,10 @@ func systems() []system {
 	return []system{
 		dedupnodeSystem(3, defaultLogStore, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1, mixed16, hit16, cc16}),
 		dedupnodeSystem(1, defaultLogStore, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1, mixed16, hit16, cc16}),
-		dedupnodeStreamSystem(3, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1}),
-		dedupnodeStreamSystem(1, []Case{mark16, mark1, miss16}, []Case{mark16, mark1, miss16, miss1}),
+		// Streamed calls: in the quick set only the batch-16 rows, which
+		// keep --quick under a minute of measuring.
+		dedupnodeStreamSystem(3, []Case{mark16, miss16}, []Case{mark16, mark1, miss16, miss1}),
+		dedupnodeStreamSystem(1, []Case{mark16}, []Case{mark16, mark1, miss16, miss1}),
 		// The other log store: the write rows, where the log's fsyncs are
 		// (full runs only: the quick set keeps under a minute).
 		dedupnodeSystem(3, otherLogStore, nil, []Case{mark16, mark1}),

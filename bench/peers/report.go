@@ -260,8 +260,6 @@ func (r *report) computeTargets() {
 	redisA16 := r.find("redis-always", bench.MarkNew, 16)
 	redisA1 := r.find("redis-always", bench.MarkNew, 1)
 	redisE16 := r.find("redis-always", bench.CheckMiss, 16)
-	nats3s16 := r.find("nats-r3-sync", bench.MarkNew, 16)
-	etcd3m1 := r.find("etcd-3", bench.MarkNew, 1)
 	pg100 := r.find("postgres", bench.MarkNew, 100)
 
 	vsPeer := func(name string, d, p *bench.Result, want float64, dname, pname string) {
@@ -276,8 +274,9 @@ func (r *report) computeTargets() {
 		}
 		r.Targets = append(r.Targets, t)
 	}
-	vsPeer("1 node, mark-new 50×16 ≥ 1.5× Redis appendfsync always pipelined 16", d1m16, redisA16, 1.5, "dedupnode", "Redis")
-	vsPeer("1 node, mark-new 50×1 ≥ 1.0× Redis appendfsync always unpipelined", d1m1, redisA1, 1.0, "dedupnode", "Redis")
+	// The targets of issue 13 (Performance II).
+	vsPeer("1 node, mark-new 50×16 ≥ 1.0× Redis appendfsync always pipelined 16", d1m16, redisA16, 1.0, "dedupnode", "Redis")
+	vsPeer("1 node, mark-new 50×1 ≥ 0.6× Redis appendfsync always unpipelined", d1m1, redisA1, 0.6, "dedupnode", "Redis")
 	abs := func(name string, d *bench.Result, want float64) {
 		t := target{Target: name}
 		if d == nil {
@@ -288,36 +287,32 @@ func (r *report) computeTargets() {
 		}
 		r.Targets = append(r.Targets, t)
 	}
-	abs("3 nodes, mark-new 50×16 ≥ 80k IDs/s", d3m16, 80000)
-	vsPeer("3 nodes, mark-new 50×16 ≥ 1.6× NATS JetStream R3 sync_always (50×16)", d3m16, nats3s16, 1.6, "dedupnode", "NATS")
-	vsPeer("3 nodes, mark-new 50×16 ≥ 20× etcd 3 members (50×1 transactions)", d3m16, etcd3m1, 20, "dedupnode", "etcd")
-	vsPeer("3 nodes, mark-new 50×16 above PostgreSQL 100-row statements", d3m16, pg100, 1.0, "dedupnode", "PostgreSQL")
-	vsPeer("3 nodes, mark-new 50×1 ≥ 2× etcd 3 members", d3m1, etcd3m1, 2, "dedupnode", "etcd")
+	abs("3 nodes, mark-new 50×16 ≥ 60k IDs/s", d3m16, 60000)
+	vsPeer("3 nodes, mark-new 50×16 ≥ 1.0× PostgreSQL 100-row statements", d3m16, pg100, 1.0, "dedupnode", "PostgreSQL")
 	abs("3 nodes, mark-new 50×1 ≥ 8k IDs/s", d3m1, 8000)
 	{
-		t := target{Target: "3 nodes, server CPU per acknowledged ID (all nodes summed, mark-new 50×16) ≤ 12 µs"}
-		if d3m16 == nil || d3m16.CPUUsPerID == 0 {
-			t.Measured, t.Status = "not in this run", "not measured"
-		} else {
-			t.Measured = fmt.Sprintf("%.1f µs", d3m16.CPUUsPerID)
-			t.Status = status(d3m16.CPUUsPerID <= 12)
-		}
-		r.Targets = append(r.Targets, t)
-	}
-	vsPeer("3 nodes, check-miss linearizable 50×16 ≥ 1.0× Redis EXISTS pipelined 16", d3c16, redisE16, 1.0, "dedupnode", "Redis")
-	{
-		t := target{Target: "3 nodes, mark latency at 50×1: p99 ≤ 10 ms"}
+		t := target{Target: "3 nodes, mark latency at 50×1: p99 ≤ 15 ms"}
 		if d3m1 == nil {
 			t.Measured, t.Status = "not in this run", "not measured"
 		} else {
 			t.Measured = fmt.Sprintf("p99 %.2f ms", d3m1.P99Ms)
-			t.Status = status(d3m1.P99Ms <= 10)
+			t.Status = status(d3m1.P99Ms <= 15)
 		}
 		r.Targets = append(r.Targets, t)
 	}
+	{
+		t := target{Target: "3 nodes, server CPU per acknowledged ID (all nodes summed, mark-new 50×16) ≤ 15 µs"}
+		if d3m16 == nil || d3m16.CPUUsPerID == 0 {
+			t.Measured, t.Status = "not in this run", "not measured"
+		} else {
+			t.Measured = fmt.Sprintf("%.1f µs", d3m16.CPUUsPerID)
+			t.Status = status(d3m16.CPUUsPerID <= 15)
+		}
+		r.Targets = append(r.Targets, t)
+	}
+	vsPeer("3 nodes, check-miss linearizable 50×16 ≥ 0.8× Redis EXISTS pipelined 16", d3c16, redisE16, 0.8, "dedupnode", "Redis")
 	r.Targets = append(r.Targets,
-		target{Target: "memory: ≤ 10 Bloom bits per live ID; RSS at 100M IDs ≤ 1 GiB per node", Measured: "not measured by this script (scale figures)", Status: "not measured"},
-		target{Target: "restart with 10M IDs ≤ 2 s to serving", Measured: "not measured by this script (scale figures)", Status: "not measured"},
+		target{Target: "Raft log directory after 10M IDs + snapshot ≤ 2× the entries kept", Measured: "not measured by this script (scripts/scale.sh)", Status: "not measured"},
 	)
 }
 
