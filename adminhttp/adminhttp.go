@@ -54,6 +54,7 @@ type Status struct {
 	Requests   []RequestRate `json:"requests"`
 	Bloom      Bloom         `json:"bloom"`
 	Storage    Storage       `json:"storage"`
+	Disk       Disk          `json:"disk"`
 	Namespaces []Namespace   `json:"namespaces"`
 
 	StartedAt   time.Time `json:"started_at"`
@@ -100,11 +101,31 @@ type Bloom struct {
 type Storage struct {
 	IDsStored uint64 `json:"ids_stored"`
 	Buckets   uint64 `json:"buckets"`
-	// DiskBytes is Pebble's disk usage; ReadAmp its read amplification;
+	// DiskBytes is what the data directory's files occupy on disk
+	// (allocated blocks); ReadAmp is Pebble's read amplification;
 	// CompactionDebtBytes its estimated compaction debt.
 	DiskBytes           uint64 `json:"disk_bytes"`
 	ReadAmp             int    `json:"read_amp"`
 	CompactionDebtBytes uint64 `json:"compaction_debt_bytes"`
+}
+
+// Disk is the data directory's filesystem and what the node's files
+// occupy on it.
+type Disk struct {
+	Dir        string `json:"data_dir"`
+	FreeBytes  uint64 `json:"free_bytes"`
+	TotalBytes uint64 `json:"total_bytes"`
+	// Below MinFreeBytes the node refuses client writes; below
+	// ReserveBytes it pauses applying the log.
+	MinFreeBytes  uint64 `json:"min_free_bytes"`
+	ReserveBytes  uint64 `json:"reserve_bytes"`
+	WritesRefused bool   `json:"writes_refused"`
+	ApplyPaused   bool   `json:"apply_paused"`
+	// LogStoreStalled: a Raft log write has run past its stall limit.
+	LogStoreStalled bool `json:"log_store_stalled"`
+	// UsedBytes is what the node's files occupy (allocated blocks) by part:
+	// fsm (Pebble), raft (log and stable store), snapshots.
+	UsedBytes map[string]int64 `json:"used_bytes,omitempty"`
 }
 
 // Namespace is one namespace's settings and traffic seen by this node.

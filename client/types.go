@@ -296,6 +296,31 @@ type Status struct {
 	// LeaderTime is the leader's clock as last seen in the log (UTC, ms).
 	LeaderTime time.Time `json:"leader_time"`
 	Buckets    uint64    `json:"buckets"`
+	// Healthy is what the node's health check answers; HealthReason says
+	// why not (disk low, log store stalled, catching up, ...).
+	Healthy      bool   `json:"healthy"`
+	HealthReason string `json:"health_reason,omitempty"`
+	// Disk is the node's data directory filesystem.
+	Disk DiskStatus `json:"disk"`
+	// LogStoreStalled: a Raft log write has run past the node's stall
+	// limit; LogStoreMaxWrite is the longest write since it started.
+	LogStoreStalled  bool          `json:"log_store_stalled"`
+	LogStoreMaxWrite time.Duration `json:"log_store_max_write_ns"`
+}
+
+// DiskStatus is a node's data directory filesystem as it last measured it.
+type DiskStatus struct {
+	DataDir    string `json:"data_dir"`
+	FreeBytes  uint64 `json:"free_bytes"`
+	TotalBytes uint64 `json:"total_bytes"`
+	// Below MinFreeBytes the node refuses writes (WritesRefused); below
+	// ReserveBytes it pauses applying the log (ApplyPaused).
+	MinFreeBytes  uint64 `json:"min_free_bytes"`
+	ReserveBytes  uint64 `json:"reserve_bytes"`
+	WritesRefused bool   `json:"writes_refused"`
+	ApplyPaused   bool   `json:"apply_paused"`
+	// UsedBytes is what the data directory's files occupy on disk.
+	UsedBytes uint64 `json:"used_bytes"`
 }
 
 // msOf converts a duration to whole milliseconds (0 stays 0: the default).
@@ -454,6 +479,15 @@ func statusOf(s *dedupv1.StatusResponse) Status {
 		IDsStored:         s.GetIdsStored(),
 		LeaderTime:        timeOf(s.GetLeaderTimeUnixMs()),
 		Buckets:           s.GetBuckets(),
+		Healthy:           s.GetHealthy(),
+		HealthReason:      s.GetHealthReason(),
+		LogStoreStalled:   s.GetLogStoreStalled(),
+		LogStoreMaxWrite:  time.Duration(s.GetLogStoreMaxWriteMs()) * time.Millisecond,
+	}
+	if d := s.GetDisk(); d != nil {
+		out.Disk = DiskStatus{DataDir: d.GetDataDir(), FreeBytes: d.GetFreeBytes(), TotalBytes: d.GetTotalBytes(),
+			MinFreeBytes: d.GetMinFreeBytes(), ReserveBytes: d.GetReserveBytes(), WritesRefused: d.GetWritesRefused(),
+			ApplyPaused: d.GetApplyPaused(), UsedBytes: d.GetUsedBytes()}
 	}
 	for _, m := range s.GetMembers() {
 		out.Members = append(out.Members, Member{

@@ -105,6 +105,28 @@ type Config struct {
 	// (default 2). Without a cap no groups form: raft.Apply only enqueues.
 	MaxInflight int
 
+	// MaxEntryBytes caps the encoded size of one Raft entry (default
+	// 16 MiB). A request whose ops alone exceed it is refused before
+	// anything is proposed (*EntryTooLargeError); MaxGroupBytes is held
+	// below it. One huge entry is written, fsynced and sent to every
+	// follower in one piece and can starve heartbeats on a small machine.
+	MaxEntryBytes int
+
+	// MinFreeDisk is the free space on DataDir's filesystem below which
+	// client writes are refused (*diskspace.LowSpaceError, matching
+	// ErrLowDiskSpace). Zero: automatic, 64 MiB plus twice the state
+	// machine's size on disk (room for a snapshot and a full compaction),
+	// and never less than twice the apply reserve (see DiskReserve).
+	MinFreeDisk uint64
+	// DiskCheckInterval is how often free space is measured (default
+	// 250 ms).
+	DiskCheckInterval time.Duration
+	// LogStallTimeout bounds one write of the Raft log store (default
+	// 3 s). A write running longer marks the node stalled: it stops
+	// replicating (followers then elect another leader), answers as a
+	// non-leader and reports NOT_SERVING, until the write returns.
+	LogStallTimeout time.Duration
+
 	// TickInterval is how often the leader looks for expired buckets and
 	// non-voters to promote (default 1 s).
 	TickInterval time.Duration
@@ -120,6 +142,9 @@ type Config struct {
 	// as caught up when no heartbeat to it failed within PromoteAfter.
 	Progress ProgressProbe
 }
+
+// DefaultMaxEntryBytes is Config.MaxEntryBytes's default.
+const DefaultMaxEntryBytes = 16 << 20
 
 func (c *Config) withDefaults() Config {
 	d := *c
@@ -146,6 +171,13 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.MaxGroupBytes <= 0 {
 		d.MaxGroupBytes = 8 << 20
+	}
+	if d.MaxEntryBytes <= 0 {
+		d.MaxEntryBytes = DefaultMaxEntryBytes
+	}
+	d.MaxGroupBytes = min(d.MaxGroupBytes, d.MaxEntryBytes)
+	if d.LogStallTimeout <= 0 {
+		d.LogStallTimeout = 3 * time.Second
 	}
 	if d.MaxInflight <= 0 {
 		d.MaxInflight = 2

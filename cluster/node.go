@@ -18,6 +18,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 )
 
 // Node is one member of a dedupnode Raft group: the Raft instance, its
@@ -33,9 +34,20 @@ type Node struct {
 	raft   *raft.Raft
 	trans  *raft.NetworkTransport
 	stream *streamLayer
-	store  raftStore // log and stable store (logstore.go)
-	logs   *logCache // in front of store (logcache.go)
+	store  raftStore   // log and stable store (logstore.go)
+	logs   *logCache   // in front of guard (logcache.go)
+	guard  *stallGuard // times log store writes (guard.go)
 	snaps  *raft.FileSnapshotStore
+	disk   *diskspace.Monitor
+
+	// stalled: a log store write has run past LogStallTimeout (watchdog).
+	stalled      atomic.Bool
+	largestEntry entrySizeMax
+	stopCtx      context.Context // cancelled when Shutdown starts
+	stopCancel   context.CancelFunc
+	healthMu     sync.Mutex
+	applyMark    uint64    // applied index at applySince (Health)
+	applySince   time.Time // when the applied index last moved while behind
 
 	hadState bool
 
@@ -85,6 +97,7 @@ func New(cfg Config) (_ *Node, err error) {
 		stop:     make(chan struct{}),
 		raftDown: make(chan struct{}),
 	}
+	n.stopCtx, n.stopCancel = context.WithCancel(context.Background())
 	hcl := newHCLogger(n.log.With("component", "raft"), hclog.Warn, &n.stopping)
 
 	var closers []func() error
@@ -127,6 +140,17 @@ func New(cfg Config) (_ *Node, err error) {
 	if fcfg.Logger == nil {
 		fcfg.Logger = cfg.Logger
 	}
+	n.disk = diskspace.New(diskspace.Config{
+		Dir:      cfg.DataDir,
+		MinFree:  cfg.MinFreeDisk,
+		AutoBase: autoMinFreeBase,
+		AutoDir:  fcfg.Dir,
+		Reserve:  DiskReserve(fcfg.Storage.MemTableBytes),
+		Interval: cfg.DiskCheckInterval,
+		Logger:   n.log,
+	})
+	closers = append(closers, func() error { n.disk.Close(); return nil })
+	fcfg.ApplyGate = func() bool { return n.disk.WaitRoom(n.stopCtx) }
 	if n.fsm, err = fsm.New(fcfg); err != nil {
 		return nil, fmt.Errorf("open fsm: %w", err)
 	}
@@ -152,9 +176,15 @@ func New(cfg Config) (_ *Node, err error) {
 	})
 	closers = append(closers, n.trans.Close)
 
-	n.logs = newLogCache(n.store, cfg.LogCacheEntries, cfg.LogCacheBytes)
+	n.guard = newStallGuard(n.store)
+	n.logs = newLogCache(n.guard, cfg.LogCacheEntries, cfg.LogCacheBytes)
 	rc := n.raftConfig(hcl, skipRestore)
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, n.trans); err != nil {
+	trans := &guardedTransport{
+		NetworkTransport: n.trans,
+		stalled:          n.withholdReplication,
+		timeoutNow:       func() time.Duration { return n.raft.ReloadableConfig().ElectionTimeout },
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	closers = append(closers, func() error { return n.raft.Shutdown().Error() })
@@ -177,7 +207,8 @@ func New(cfg Config) (_ *Node, err error) {
 
 	n.prop = newProposer(n)
 	n.reads = &readIndexer{n: n}
-	n.wg.Add(3)
+	n.wg.Add(4)
+	go n.runWatchdog()
 	go n.runObserver()
 	go n.runLeadership()
 	go n.prop.run()
@@ -318,14 +349,16 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 func (n *Node) HadExistingState() bool { return n.hadState }
 
 // IsLeader reports whether this node is currently the Raft leader.
-func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+// A leader whose log store is stalled is not counted: it can commit
+// nothing and is being replaced.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader && !n.stalled.Load() }
 
 // Leader returns the current leader's ID and addresses as this node knows
 // them; all empty when no leader is known. grpcAddr may be empty while the
 // leader's address is not yet replicated.
 func (n *Node) Leader() (id, raftAddr, grpcAddr string) {
 	addr, lid := n.raft.LeaderWithID()
-	if lid == "" {
+	if lid == "" || (string(lid) == n.cfg.NodeID && n.stalled.Load()) {
 		return "", "", ""
 	}
 	return string(lid), string(addr), n.grpcAddrOf(string(lid))
@@ -404,7 +437,7 @@ func (n *Node) WaitReady(ctx context.Context) error {
 			return ErrShutdown
 		default:
 		}
-		if n.raft.State() != raft.Leader {
+		if !n.IsLeader() {
 			return n.notLeaderError()
 		}
 		if t := n.readyTerm.Load(); t != 0 && t == n.raft.CurrentTerm() {
@@ -418,28 +451,6 @@ func (n *Node) WaitReady(ctx context.Context) error {
 			return ErrNotReady
 		}
 	}
-}
-
-// healthLag is how far the applied index may trail the commit index for
-// Healthy: a few entries never reach the FSM (no-ops, barriers) and a busy
-// follower is always a little behind.
-const healthLag = 1024
-
-// Healthy reports whether the node can serve: a leader is known, a leader
-// has finished its term barrier, and a follower's state machine is within a
-// few entries of the commit index it knows.
-func (n *Node) Healthy() bool {
-	switch n.raft.State() {
-	case raft.Leader:
-		t := n.readyTerm.Load()
-		return t != 0 && t == n.raft.CurrentTerm()
-	case raft.Follower:
-		if _, lid := n.raft.LeaderWithID(); lid == "" {
-			return false
-		}
-		return n.fsm.AppliedIndex()+healthLag >= n.raft.CommitIndex()
-	}
-	return false
 }
 
 // Member is one server of the Raft configuration.
@@ -537,12 +548,14 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			cancel()
 		}
 		close(n.stop)
+		n.stopCancel() // releases an apply paused for disk space
 		n.readyTerm.Store(0)
 		var errs []error
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 		}
 		close(n.raftDown)
+		n.disk.Close()
 		n.raft.DeregisterObserver(n.observer)
 		n.wg.Wait()
 		n.trans.CloseStreams()

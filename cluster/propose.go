@@ -78,7 +78,22 @@ func (n *Node) Propose(ctx context.Context, ops []fsm.Op) ([]fsm.OpResult, error
 		}
 		return nil, err
 	}
+	if err := n.disk.WriteErr(); err != nil && carriesItems(ops) {
+		return nil, fmt.Errorf("node %s: %w", n.cfg.NodeID, err)
+	}
 	return n.prop.submit(ctx, ops)
+}
+
+// carriesItems reports whether ops write client data (message IDs): those
+// are refused while the disk is low; namespace and node table changes and
+// the leader's own ticks (which drop expired buckets and free space) go on.
+func carriesItems(ops []fsm.Op) bool {
+	for i := range ops {
+		if len(ops[i].Items) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // proposeInternal skips the readiness gate: the leadership loop uses it for
@@ -92,6 +107,9 @@ func (p *proposer) submit(ctx context.Context, ops []fsm.Op) ([]fsm.OpResult, er
 	for i := range ops {
 		pr.items += max(1, len(ops[i].Items))
 		pr.bytes += fsm.EncodedOpSize(&ops[i])
+	}
+	if pr.bytes > p.n.cfg.MaxEntryBytes {
+		return nil, &EntryTooLargeError{Bytes: pr.bytes, Max: p.n.cfg.MaxEntryBytes}
 	}
 	p.mu.Lock()
 	if p.closed {
@@ -110,6 +128,17 @@ func (p *proposer) submit(ctx context.Context, ops []fsm.Op) ([]fsm.OpResult, er
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// encodedOpBound is at least the bytes fsm.AppendCommand writes for op
+// (varint lengths at their widest for the limits fsm enforces).
+func encodedOpBound(op *fsm.Op) int {
+	n := 1 + 3 + len(op.Namespace) + 10 + 10 + 96 + len(op.Node.ID) + len(op.Node.GRPCAddr)
+	for j := range op.Items {
+		it := &op.Items[j]
+		n += 3 + len(it.ID) + 2 + len(it.Digest) + 2 + len(it.Token) + 10
+	}
+	return n
 }
 
 func (p *proposer) run() {
@@ -198,6 +227,7 @@ func (p *proposer) propose(batch []*proposal) {
 	// A fresh buffer per entry: raft keeps Log.Data until it is applied.
 	// Sized from the ops' bounds, so appending never copies it.
 	data := fsm.AppendCommand(make([]byte, 0, size), &cmd)
+	p.n.largestEntry.observe(len(data))
 	f := p.n.raft.Apply(data, enqueueTimeout)
 	p.n.wg.Add(1)
 	go func() {
@@ -232,6 +262,10 @@ func (p *proposer) finish(f raft.ApplyFuture, batch []*proposal, nops int) {
 	case *fsm.ApplyErr:
 		fail(fmt.Errorf("entry %d rejected by the state machine: %w", f.Index(), res))
 	case error:
+		if errors.Is(res, fsm.ErrApplyDeferred) {
+			fail(fmt.Errorf("%w: entry %d: %w", ErrOutcomeUnknown, f.Index(), res))
+			return
+		}
 		fail(fmt.Errorf("entry %d: %w", f.Index(), res))
 	default:
 		fail(fmt.Errorf("entry %d: unexpected state machine response %T", f.Index(), res))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -34,11 +35,21 @@ func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // A storage failure panics: a replica that cannot apply must stop rather
 // than diverge.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	open := f.cfg.ApplyGate == nil || f.cfg.ApplyGate() // outside f.mu: reads go on while it waits
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]any, len(logs))
 	if f.closed {
 		panic("fsm: apply after Close")
+	}
+	if !open || f.deferred {
+		f.deferred = true
+		for i, l := range logs {
+			if l.Type == raft.LogCommand {
+				out[i] = ErrApplyDeferred
+			}
+		}
+		return out
 	}
 	a := f.applier
 	if a.b == nil {
@@ -171,6 +182,11 @@ type recOrder struct {
 	pre    uint64
 	slot   int32
 }
+
+// ErrApplyDeferred answers entries the FSM did not apply because the node
+// stopped while applying was paused (Config.ApplyGate): they are committed
+// and apply after the node restarts.
+var ErrApplyDeferred = errors.New("fsm: apply deferred (node stopping while its disk was full); the entry is committed and applies after restart")
 
 func must(err error) {
 	if err != nil {

@@ -31,6 +31,16 @@ type Config struct {
 	// the polling off: tests that call compactFilters themselves need no
 	// second compactor racing them.
 	BloomCompactInterval time.Duration
+	// ApplyGate, if set, is called before each batch is applied and may
+	// block: the node uses it to pause applying while its disk is nearly
+	// full, so Pebble never meets ENOSPC on its commit path (which
+	// panics). Pausing changes no result, only when it is computed. A
+	// false return (the node is shutting down) defers the batch and every
+	// later one: nothing of them is written, their callers learn
+	// ErrApplyDeferred (the entries are committed and apply after a
+	// restart), and Snapshot refuses from then on, so no snapshot ever
+	// claims an index the database does not hold.
+	ApplyGate func() bool
 }
 
 // BufferLimits bound the write buffer: it is committed to Pebble when
@@ -86,6 +96,7 @@ type FSM struct {
 	// persisted is the applied index stored in the database: st.applied
 	// once the write buffer is committed, below it while it holds entries.
 	persisted uint64
+	deferred  bool // ApplyGate refused once: apply nothing more
 }
 
 // state is the in-memory mirror of the small, hot part of the database:

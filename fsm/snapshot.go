@@ -42,6 +42,9 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.closed {
 		return nil, ErrClosed
 	}
+	if f.deferred {
+		return nil, ErrApplyDeferred
+	}
 	f.flushLocked()
 	if err := f.db.LogData(nil, pebble.Sync); err != nil {
 		return nil, fmt.Errorf("sync before snapshot: %w", err)

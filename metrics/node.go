@@ -27,6 +27,40 @@ type Snapshot struct {
 	Storage StorageStats
 	// Pebble is the state machine's Pebble metrics; nil leaves them out.
 	Pebble *pebble.Metrics
+	// Disk is the data directory's filesystem; nil leaves it out.
+	Disk *DiskStats
+	// LogStore is the Raft log store's write figures; nil leaves them out.
+	LogStore *LogStoreStats
+	// LargestEntryBytes is the largest Raft entry this node proposed;
+	// MaxEntryBytes the configured limit.
+	LargestEntryBytes, MaxEntryBytes int64
+}
+
+// DiskStats describe the data directory's filesystem.
+type DiskStats struct {
+	FreeBytes, TotalBytes uint64
+	// MinFreeBytes: below it client writes are refused (WritesRefused);
+	// ReserveBytes: below it applying pauses (ApplyPaused).
+	MinFreeBytes, ReserveBytes uint64
+	WritesRefused, ApplyPaused bool
+	// UsedBytes are the bytes the node's files occupy on disk (allocated
+	// blocks) by part: fsm, raft, snapshots.
+	UsedBytes map[string]int64
+}
+
+// LogStoreStats are the Raft log store's write latency figures.
+type LogStoreStats struct {
+	// Writes and WriteSeconds are the count and sum of write durations;
+	// Buckets[i] counts writes of at most BucketBounds[i] seconds
+	// (cumulative).
+	Writes       uint64
+	WriteSeconds float64
+	BucketBounds []float64
+	Buckets      []uint64
+	// InProgressSeconds is how long the write in progress has run (0:
+	// none); Stalled that it has run past the stall limit.
+	InProgressSeconds float64
+	Stalled           bool
 }
 
 // RaftStats are Raft figures from this node's point of view.
@@ -133,11 +167,11 @@ var nodeDescs = []desc{
 
 	gauge("dedup_storage_ids", "Records stored, including expired ones whose bucket is not yet dropped.", func(s *Snapshot) float64 { return float64(s.Storage.IDsStored) }),
 	gauge("dedup_storage_buckets", "Expiry buckets stored.", func(s *Snapshot) float64 { return float64(s.Storage.Buckets) }),
-	{prometheus.NewDesc("dedup_storage_disk_bytes", "Bytes used by the node's data directory (Raft log, snapshots and Pebble).", nil, nil), prometheus.GaugeValue,
+	{prometheus.NewDesc("dedup_storage_disk_bytes", "Bytes the node's data directory (Raft log, snapshots and Pebble) occupies on disk: allocated blocks, so preallocated WAL files count in full.", nil, nil), prometheus.GaugeValue,
 		func(s *Snapshot) (float64, bool) { return float64(s.Storage.DiskBytes), s.Storage.DiskBytes >= 0 }},
 	gauge("dedup_namespaces", "Namespaces defined.", func(s *Snapshot) float64 { return float64(s.Storage.Namespaces) }),
 
-	pebbleGauge("dedup_pebble_disk_usage_bytes", "Disk space used by Pebble (sstables, WAL, manifests), in bytes.", func(m *pebble.Metrics) float64 { return float64(m.DiskSpaceUsage()) }),
+	pebbleGauge("dedup_pebble_disk_usage_bytes", "Disk space Pebble accounts for (sstables, WAL, manifests), in bytes: logical sizes, without the WAL's preallocated tail; dedup_disk_used_bytes{part=\"fsm\"} is what it occupies on disk.", func(m *pebble.Metrics) float64 { return float64(m.DiskSpaceUsage()) }),
 	pebbleGauge("dedup_pebble_read_amplification", "Pebble read amplification (sublevels in L0 plus non-empty lower levels).", func(m *pebble.Metrics) float64 { return float64(m.ReadAmp()) }),
 	pebbleGauge("dedup_pebble_l0_files", "Pebble sstables in L0.", func(m *pebble.Metrics) float64 { return float64(m.Levels[0].TablesCount) }),
 	pebbleGauge("dedup_pebble_l0_sublevels", "Pebble L0 sublevels.", func(m *pebble.Metrics) float64 { return float64(m.Levels[0].Sublevels) }),
@@ -156,6 +190,42 @@ var nodeDescs = []desc{
 	pebbleCounter("dedup_pebble_block_cache_misses_total", "Pebble block cache misses.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Misses) }),
 }
 
+func diskGauge(name, help string, v func(*DiskStats) float64) desc {
+	return desc{prometheus.NewDesc(name, help, nil, nil), prometheus.GaugeValue, func(s *Snapshot) (float64, bool) {
+		if s.Disk == nil {
+			return 0, false
+		}
+		return v(s.Disk), true
+	}}
+}
+
+var diskDescs = []desc{
+	diskGauge("dedup_disk_free_bytes", "Free bytes on the data directory's filesystem (available to the node).", func(d *DiskStats) float64 { return float64(d.FreeBytes) }),
+	diskGauge("dedup_disk_total_bytes", "Size of the data directory's filesystem, in bytes.", func(d *DiskStats) float64 { return float64(d.TotalBytes) }),
+	diskGauge("dedup_disk_min_free_bytes", "Free space below which the node refuses client writes (--min-free-disk, or the automatic threshold).", func(d *DiskStats) float64 { return float64(d.MinFreeBytes) }),
+	diskGauge("dedup_disk_reserve_bytes", "Free space below which the node pauses applying the Raft log (what Pebble needs to rotate its WAL and flush).", func(d *DiskStats) float64 { return float64(d.ReserveBytes) }),
+	diskGauge("dedup_disk_writes_refused", "1 while the node refuses client writes for want of free disk space.", func(d *DiskStats) float64 { return b2f(d.WritesRefused) }),
+	diskGauge("dedup_disk_apply_paused", "1 while the node pauses applying the Raft log for want of free disk space.", func(d *DiskStats) float64 { return b2f(d.ApplyPaused) }),
+	{prometheus.NewDesc("dedup_raft_log_store_stalled", "1 while a Raft log store write has run past the stall limit (--raft-log-stall-timeout): the node does not lead or replicate.", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) { return b2f(s.LogStore != nil && s.LogStore.Stalled), s.LogStore != nil }},
+	{prometheus.NewDesc("dedup_raft_log_store_write_in_progress_seconds", "How long the Raft log store write in progress has run (0 when none): a stalled disk shows here before the stall limit.", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) {
+			if s.LogStore == nil {
+				return 0, false
+			}
+			return s.LogStore.InProgressSeconds, true
+		}},
+	{prometheus.NewDesc("dedup_raft_entry_max_bytes", "Largest Raft entry this node proposed since start, in bytes.", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) { return float64(s.LargestEntryBytes), s.MaxEntryBytes > 0 }},
+	{prometheus.NewDesc("dedup_raft_entry_limit_bytes", "Largest Raft entry allowed (--max-entry-bytes); larger requests are refused with RESOURCE_EXHAUSTED.", nil, nil), prometheus.GaugeValue,
+		func(s *Snapshot) (float64, bool) { return float64(s.MaxEntryBytes), s.MaxEntryBytes > 0 }},
+}
+
+var (
+	diskUsedDesc = prometheus.NewDesc("dedup_disk_used_bytes", "Bytes the node's files occupy on disk (allocated blocks, so Pebble's preallocated WAL counts in full), by part: fsm (Pebble), raft (log and stable store), snapshots.", []string{"part"}, nil)
+	logWriteDesc = prometheus.NewDesc("dedup_raft_log_store_write_seconds", "Duration of Raft log store writes (StoreLogs), in seconds.", nil, nil)
+)
+
 var raftStateDesc = prometheus.NewDesc("dedup_raft_state", "1 for this node's current Raft state, 0 for the others.", []string{"state"}, nil)
 
 type nodeCollector struct{ src Source }
@@ -164,7 +234,12 @@ func newNodeCollector(src Source) *nodeCollector { return &nodeCollector{src: sr
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- raftStateDesc
+	ch <- diskUsedDesc
+	ch <- logWriteDesc
 	for _, d := range nodeDescs {
+		ch <- d.d
+	}
+	for _, d := range diskDescs {
 		ch <- d.d
 	}
 }
@@ -178,6 +253,23 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		if v, ok := d.value(&s); ok {
 			ch <- prometheus.MustNewConstMetric(d.d, d.kind, v)
 		}
+	}
+	for _, d := range diskDescs {
+		if v, ok := d.value(&s); ok {
+			ch <- prometheus.MustNewConstMetric(d.d, d.kind, v)
+		}
+	}
+	if s.Disk != nil {
+		for part, n := range s.Disk.UsedBytes {
+			ch <- prometheus.MustNewConstMetric(diskUsedDesc, prometheus.GaugeValue, float64(n), part)
+		}
+	}
+	if ls := s.LogStore; ls != nil && len(ls.BucketBounds) == len(ls.Buckets) {
+		b := make(map[float64]uint64, len(ls.Buckets))
+		for i, ub := range ls.BucketBounds {
+			b[ub] = ls.Buckets[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(logWriteDesc, ls.Writes, ls.WriteSeconds, b)
 	}
 }
 

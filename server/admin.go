@@ -218,7 +218,12 @@ func (s *Server) Status(ctx context.Context, _ *dedupv1.StatusRequest) (*dedupv1
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return statusPB(st), nil
+	out := statusPB(st)
+	out.Disk = s.diskStatus()
+	out.Healthy, out.HealthReason = s.node.Health()
+	ls := s.node.LogStoreStats()
+	out.LogStoreStalled, out.LogStoreMaxWriteMs = ls.Stalled, ls.MaxWrite.Milliseconds()
+	return out, nil
 }
 
 func statusPB(st cluster.Status) *dedupv1.StatusResponse {

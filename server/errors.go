@@ -14,6 +14,7 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 )
 
 // The error vocabulary (domain, reasons, metadata keys) lives in dedupv1,
@@ -25,6 +26,8 @@ const (
 	ReasonShuttingDown   = dedupv1.ReasonShuttingDown
 	ReasonLagging        = dedupv1.ReasonLagging
 	ReasonBusy           = dedupv1.ReasonBusy
+	ReasonDiskFull       = dedupv1.ReasonDiskFull
+	ReasonEntryTooLarge  = dedupv1.ReasonEntryTooLarge
 )
 
 // errLagging: a linearizable read waited too long for the local apply.
@@ -48,6 +51,8 @@ var errorTable = []errorRule{
 	{fsm.ErrNamespaceNotFound, codes.NotFound, dedupv1.ReasonNamespaceNotFound, "create it first (dedupnode namespace create)", ""},
 	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
 	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
+	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
+	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
 	// ErrOutcomeUnknown's own text says "retry with the same request token".
 	{cluster.ErrOutcomeUnknown, codes.Unavailable, ReasonOutcomeUnknown, "", ""},
 	{cluster.ErrNotLeader, codes.Unavailable, ReasonNotLeader, "no leader reachable right now; nothing was written, retry is safe with the same request token", "no leader reachable right now; retry the read"},
@@ -109,6 +114,17 @@ func statusOf(err error, read bool) error {
 				if inv.Namespace != "" {
 					info.Metadata[dedupv1.MetaNamespace] = inv.Namespace
 				}
+			}
+			var low *diskspace.LowSpaceError
+			if errors.As(err, &low) {
+				info.Metadata[dedupv1.MetaPath] = low.Path
+				info.Metadata[dedupv1.MetaFreeBytes] = strconv.FormatUint(low.Free, 10)
+				info.Metadata[dedupv1.MetaMinFreeBytes] = strconv.FormatUint(low.MinFree, 10)
+			}
+			var big *cluster.EntryTooLargeError
+			if errors.As(err, &big) {
+				info.Metadata[dedupv1.MetaBytes] = strconv.Itoa(big.Bytes)
+				info.Metadata[dedupv1.MetaMaxBytes] = strconv.Itoa(big.Max)
 			}
 			details = append(details, info)
 		}

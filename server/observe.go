@@ -2,12 +2,13 @@ package server
 
 import (
 	"context"
-	"io/fs"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/dedupnode/dedupnode/adminhttp"
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 	"github.com/dedupnode/dedupnode/metrics"
 )
 
@@ -64,8 +65,17 @@ func (s *Server) metricsSnapshot() metrics.Snapshot {
 			Namespaces: len(s.node.FSM().Namespaces()),
 			DiskBytes:  s.diskUsage(),
 		},
-		Pebble: s.node.FSM().PebbleMetrics(),
+		Pebble:            s.node.FSM().PebbleMetrics(),
+		LargestEntryBytes: int64(s.node.LargestEntry()),
+		MaxEntryBytes:     int64(s.node.MaxEntryBytes()),
 	}
+	d := s.node.Disk()
+	snap.Disk = &metrics.DiskStats{FreeBytes: d.Free, TotalBytes: d.Total, MinFreeBytes: d.MinFree, ReserveBytes: d.Reserve,
+		WritesRefused: d.Low, ApplyPaused: d.Critical}
+	_, snap.Disk.UsedBytes = s.diskParts()
+	ls := s.node.LogStoreStats()
+	snap.LogStore = &metrics.LogStoreStats{Writes: ls.Writes, WriteSeconds: ls.WriteSeconds, BucketBounds: ls.BucketBounds,
+		Buckets: ls.Buckets, InProgressSeconds: ls.InProgress.Seconds(), Stalled: ls.Stalled}
 	for _, m := range st.Members {
 		if m.Suffrage == "voter" {
 			snap.Raft.Voters++
@@ -89,39 +99,57 @@ func (s *Server) lastContact() time.Duration {
 	return time.Since(t)
 }
 
-// diskUsageCache remembers the data directory's size for a while.
+// diskUsageCache remembers what the data directory's parts occupy on
+// disk for a while.
 type diskUsageCache struct {
 	mu    sync.Mutex
 	at    time.Time
-	bytes int64
+	parts map[string]int64 // "fsm", "raft" (log and stable store), "snapshots"
+	total int64
 }
 
-// diskUsage is the size of the data directory, recomputed at most every
-// 10 s (a scrape must stay cheap); -1 when it cannot be read.
+// diskUsage is what the data directory's files occupy on disk (allocated
+// blocks, so Pebble's preallocated WAL counts in full), recomputed at most
+// every 10 s (a scrape must stay cheap); -1 when it cannot be read.
 func (s *Server) diskUsage() int64 {
+	total, _ := s.diskParts()
+	return total
+}
+
+func (s *Server) diskParts() (int64, map[string]int64) {
 	c := &s.disk
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.at.IsZero() && time.Since(c.at) < 10*time.Second {
-		return c.bytes
+		return c.total, c.parts
 	}
-	var total int64
-	err := filepath.WalkDir(s.cfg.Cluster.DataDir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // files come and go under compaction
-		}
-		if d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				total += fi.Size()
-			}
-		}
-		return nil
-	})
+	dir := s.cfg.Cluster.DataDir
+	total, err := diskspace.Allocated(dir)
 	if err != nil {
 		total = -1
 	}
-	c.at, c.bytes = time.Now(), total
-	return total
+	parts := map[string]int64{}
+	for name, sub := range map[string]string{"fsm": "fsm", "snapshots": filepath.Join("raft", "snapshots")} {
+		if n, err := diskspace.Allocated(filepath.Join(dir, sub)); err == nil {
+			parts[name] = n
+		}
+	}
+	if n, err := diskspace.Allocated(filepath.Join(dir, "raft")); err == nil {
+		parts["raft"] = n - parts["snapshots"]
+	}
+	c.at, c.total, c.parts = time.Now(), total, parts
+	return total, parts
+}
+
+// diskStatus is the Admin.Status view of the data directory.
+func (s *Server) diskStatus() *dedupv1.DiskStatus {
+	d := s.node.Disk()
+	out := &dedupv1.DiskStatus{DataDir: d.Dir, FreeBytes: d.Free, TotalBytes: d.Total, MinFreeBytes: d.MinFree,
+		ReserveBytes: d.Reserve, WritesRefused: d.Low, ApplyPaused: d.Critical}
+	if u := s.diskUsage(); u > 0 {
+		out.UsedBytes = uint64(u)
+	}
+	return out
 }
 
 // AdminStatus gathers the status page: this node's view, each member's
@@ -137,7 +165,6 @@ func (s *Server) AdminStatus(ctx context.Context) (adminhttp.Status, error) {
 		LeaderGRPCAddr:    st.LeaderGRPCAddr,
 		GRPCAddr:          s.GRPCAddr(),
 		RaftAddr:          s.RaftAddr(),
-		Healthy:           s.node.Healthy(),
 		Term:              st.Term,
 		CommitIndex:       st.CommitIndex,
 		AppliedIndex:      st.AppliedIndex,
@@ -160,16 +187,11 @@ func (s *Server) AdminStatus(ctx context.Context) (adminhttp.Status, error) {
 	if d := s.diskUsage(); d > 0 {
 		out.Storage.DiskBytes = uint64(d)
 	}
-	if !out.Healthy {
-		switch {
-		case st.LeaderID == "":
-			out.HealthReason = "no leader known (election in progress, or no quorum)"
-		case st.State == "leader":
-			out.HealthReason = "new leader not ready yet"
-		default:
-			out.HealthReason = "catching up with the leader"
-		}
-	}
+	out.Healthy, out.HealthReason = s.node.Health()
+	d := s.node.Disk()
+	out.Disk = adminhttp.Disk{Dir: d.Dir, FreeBytes: d.Free, TotalBytes: d.Total, MinFreeBytes: d.MinFree, ReserveBytes: d.Reserve,
+		WritesRefused: d.Low, ApplyPaused: d.Critical, LogStoreStalled: s.node.LogStoreStats().Stalled}
+	_, out.Disk.UsedBytes = s.diskParts()
 
 	// Members: their applied index, asked in parallel; lag against the
 	// highest commit index this node knows.

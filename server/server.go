@@ -118,10 +118,17 @@ type Server struct {
 	closeErr  error
 }
 
-// maxMsgBytes is the gRPC message limit for a batch of maxBatch items of
-// the largest allowed size.
-func maxMsgBytes(maxBatch int) int {
-	return max(16<<20, maxBatch*(fsm.MaxIDBytesLimit+fsm.MaxDigestBytes+fsm.MaxTokenBytes+64))
+// maxRecvBytes is the gRPC receive limit: one Raft entry's worth plus room
+// for protobuf framing, so a request gRPC admits is either proposed whole
+// or refused by the cluster with ENTRY_TOO_LARGE (both RESOURCE_EXHAUSTED)
+// before it is proposed, and a larger one is refused by gRPC unread.
+func maxRecvBytes(maxEntry int) int { return maxEntry + 1<<20 }
+
+// maxSendBytes is the gRPC send limit: the answer to a batch of maxBatch
+// items of the largest allowed size (records echo IDs), and never less
+// than what a node may receive (forwarded requests).
+func maxSendBytes(maxBatch, maxEntry int) int {
+	return max(16<<20, maxBatch*(fsm.MaxIDBytesLimit+fsm.MaxDigestBytes+fsm.MaxTokenBytes+64), maxRecvBytes(maxEntry))
 }
 
 // Start listens on cfg.ListenAddr, starts the Raft node and serves gRPC.
@@ -167,13 +174,13 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	s.started = time.Now()
 	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Source: metrics.SourceFunc(s.metricsSnapshot)})
-	msg := maxMsgBytes(cfg.MaxBatch)
+	recv, send := maxRecvBytes(s.node.MaxEntryBytes()), maxSendBytes(cfg.MaxBatch, s.node.MaxEntryBytes())
 	// The metrics interceptors come first, so calls that later interceptors
 	// (access control) refuse are counted too.
 	calls := append([]grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor()}, cfg.CallInterceptors...)
 	s.callChain = chainUnary(calls)
 	s.initHandlers()
-	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg),
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(recv), grpc.MaxSendMsgSize(send),
 		grpc.ChainUnaryInterceptor(calls...),
 		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
@@ -295,10 +302,12 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 	if c := s.conns[addr]; c != nil {
 		return c, nil
 	}
-	msg := maxMsgBytes(s.cfg.MaxBatch)
+	// A forwarded request is at most what this node received; answers are
+	// at most what the leader may send.
+	send := maxSendBytes(s.cfg.MaxBatch, s.node.MaxEntryBytes())
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(msg), grpc.MaxCallSendMsgSize(msg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(send), grpc.MaxCallSendMsgSize(send)),
 	}, s.cfg.DialOptions...)
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
@@ -379,7 +388,7 @@ func (s *Server) runHousekeeping() {
 	defer s.wg.Done()
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	healthy := false
+	healthy, reason := false, ""
 	var lastAnnounce time.Time
 	for {
 		select {
@@ -388,9 +397,18 @@ func (s *Server) runHousekeeping() {
 		case <-s.stop:
 			return
 		}
-		if h := s.node.Healthy(); h != healthy {
+		h, why := s.node.Health()
+		if h != healthy {
 			healthy = h
 			s.setHealth(h)
+		}
+		if why != reason {
+			if why != "" {
+				s.log.Warn("health: NOT_SERVING", "reason", why)
+			} else {
+				s.log.Info("health: SERVING")
+			}
+			reason = why
 		}
 		// Only a changed address is re-announced: an absent entry means the
 		// node is new (its join records it) or was removed (and must not

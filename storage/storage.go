@@ -121,6 +121,13 @@ func PrefixEnd(prefix []byte) []byte {
 	return nil
 }
 
+// DefaultMemTableBytes is Options.MemTableBytes's default. Pebble
+// preallocates each WAL file at 110% of it and keeps up to
+// MemTableStopWritesThreshold+1 (3) spent WAL files for reuse, so the WAL
+// alone can hold about 4.4 × MemTableBytes on disk (141 MiB at the
+// default): lower it for a small data volume.
+const DefaultMemTableBytes = 32 << 20
+
 // Options tune the Pebble instance. Zero values take the defaults.
 type Options struct {
 	// CacheBytes is Pebble's block cache size (default 64 MiB).
@@ -179,7 +186,7 @@ func Open(dir string, o Options) (*DB, error) {
 		o.CacheBytes = 64 << 20
 	}
 	if o.MemTableBytes == 0 {
-		o.MemTableBytes = 32 << 20
+		o.MemTableBytes = DefaultMemTableBytes
 	}
 	cache := pebble.NewCache(o.CacheBytes)
 	opts := &pebble.Options{

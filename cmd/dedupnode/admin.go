@@ -187,6 +187,11 @@ func printStatus(w io.Writer, st client.Status) {
 		leader += " at " + st.LeaderGRPCAddr
 	}
 	fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
+	if st.Healthy {
+		fmt.Fprintf(tw, "health\tSERVING\n")
+	} else {
+		fmt.Fprintf(tw, "health\tNOT_SERVING: %s\n", st.HealthReason)
+	}
 	fmt.Fprintf(tw, "leader\t%s\n", leader)
 	fmt.Fprintf(tw, "term\t%d\n", st.Term)
 	fmt.Fprintf(tw, "commit index\t%d\n", st.CommitIndex)
@@ -205,6 +210,20 @@ func printStatus(w io.Writer, st client.Status) {
 	fmt.Fprintf(tw, "bloom\t%s, %d filters, %s, %d ids, %.1f bits/id\n", ready, b.Filters, humanBytes(b.MemoryBytes), b.IDs, b.BitsPerID)
 	fmt.Fprintf(tw, "bloom fp rate\tconfigured %.2f%%, observed %.2f%% (%d false of %d maybe lookups)\n",
 		100*b.ConfiguredFPRate, 100*b.ObservedFPRate, b.FalsePositives, b.MaybeLookups)
+	if d := st.Disk; d.TotalBytes > 0 {
+		state := "ok"
+		switch {
+		case d.ApplyPaused:
+			state = "FULL: applying paused"
+		case d.WritesRefused:
+			state = "LOW: writes refused"
+		}
+		fmt.Fprintf(tw, "disk\t%s: %s free of %s (writes refused below %s), node files %s\n",
+			state, humanBytes(d.FreeBytes), humanBytes(d.TotalBytes), humanBytes(d.MinFreeBytes), humanBytes(d.UsedBytes))
+	}
+	if st.LogStoreStalled {
+		fmt.Fprintf(tw, "raft log store\tSTALLED (longest write %v)\n", st.LogStoreMaxWrite)
+	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	printMembers(w, st.Members)

@@ -53,6 +53,10 @@ type serveFlags struct {
 	authFile      string
 	adminAddr     string
 	memoryLimit   string
+	minFreeDisk   string
+	memtableSize  string
+	maxEntryBytes string
+	logStall      time.Duration
 	configFile    string
 
 	// reload re-reads certificates and the token file (SIGHUP); set by
@@ -69,7 +73,7 @@ var serveFlagNames = []string{
 	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
 	"raft-log-store", "log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
-	"memory-limit",
+	"memory-limit", "min-free-disk", "fsm-memtable-size", "max-entry-bytes", "raft-log-stall-timeout",
 }
 
 const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
@@ -170,6 +174,10 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.authFile, "auth-file", "", "JSON token `FILE` mapping tokens to namespaces and rights (read, write, admin, node); every call then needs a token; reread on SIGHUP")
 	fs.StringVar(&f.configFile, "config", "", "YAML `FILE` whose keys are these flags' names (node-id: n1, peers: [...], tls-cert: ...); the command line and DEDUPNODE_* variables take precedence over it; an unknown key is an error")
 	fs.StringVar(&f.memoryLimit, "memory-limit", "", "soft limit (`SIZE`, e.g. 768MiB or 1GiB) on the Go runtime's memory: the garbage collector runs more often near it instead of letting the heap double (GOGC); Pebble's block cache and memtables and the mmapped Raft log are outside it; off when empty (GOMEMLIMIT still applies)")
+	fs.StringVar(&f.minFreeDisk, "min-free-disk", "auto", "refuse client writes (RESOURCE_EXHAUSTED, reads still served) while the data dir's filesystem has less than `SIZE` free (e.g. 1GiB); \"auto\": 64MiB plus twice the ID store's size on disk, room for a snapshot and a compaction; writes resume by themselves once space is back")
+	fs.StringVar(&f.memtableSize, "fsm-memtable-size", "32MiB", "Pebble memtable `SIZE` of the ID store; its write-ahead log preallocates 1.1x this per file and keeps up to 4 files, so the floor of a node's disk use is about 4.4x this (see docs/OPERATIONS.md, Disks)")
+	fs.StringVar(&f.maxEntryBytes, "max-entry-bytes", "16MiB", "largest Raft entry (`SIZE`); a request encoding to more is refused with RESOURCE_EXHAUSTED before anything is written, and gRPC refuses messages larger than this plus 1MiB")
+	fs.DurationVar(&f.logStall, "raft-log-stall-timeout", 3*time.Second, "a Raft log write running longer than `DUR` marks the disk stalled: the node stops leading and replicating (the others elect a leader) and reports NOT_SERVING until the write returns")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
 	return cmd
 }
@@ -296,6 +304,27 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if _, err := parseByteSize(f.memoryLimit); err != nil {
 		return cfg, nil, usagef("--memory-limit %q: %v", f.memoryLimit, err)
 	}
+	var minFree int64
+	if f.minFreeDisk != "auto" {
+		if minFree, err = parseByteSize(f.minFreeDisk); err != nil || minFree <= 0 {
+			return cfg, nil, usagef("--min-free-disk %q: want a size such as 512MiB or 2GiB, or auto", f.minFreeDisk)
+		}
+	}
+	memtable, err := parseByteSize(f.memtableSize)
+	if err != nil || memtable < 1<<20 || memtable > 4<<30 {
+		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB", f.memtableSize)
+	}
+	if minFree > 0 && uint64(minFree) < cluster.DiskReserve(uint64(memtable)) {
+		return cfg, nil, usagef("--min-free-disk %s is below the %s the ID store needs to keep applying with --fsm-memtable-size %s: raise it or lower the memtable size",
+			f.minFreeDisk, humanBytes(cluster.DiskReserve(uint64(memtable))), f.memtableSize)
+	}
+	maxEntry, err := parseByteSize(f.maxEntryBytes)
+	if err != nil || maxEntry < 64<<10 || maxEntry > 1<<30 {
+		return cfg, nil, usagef("--max-entry-bytes %q: want a size from 64KiB to 1GiB, e.g. 16MiB", f.maxEntryBytes)
+	}
+	if f.logStall < 100*time.Millisecond {
+		return cfg, nil, usagef("--raft-log-stall-timeout %v: want at least 100ms, e.g. 3s", f.logStall)
+	}
 	logger, err := newLogger(logOut, f.logLevel, f.logFormat)
 	if err != nil {
 		return cfg, nil, err
@@ -344,6 +373,10 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	cfg.Cluster.SnapshotThreshold = f.snapThreshold
 	cfg.Cluster.SnapshotInterval = f.snapInterval
 	cfg.Cluster.TrailingLogs = f.trailingLogs
+	cfg.Cluster.MinFreeDisk = uint64(minFree)
+	cfg.Cluster.FSM.Storage.MemTableBytes = uint64(memtable)
+	cfg.Cluster.MaxEntryBytes = int(maxEntry)
+	cfg.Cluster.LogStallTimeout = f.logStall
 	cfg.AdminAddr = f.adminAddr
 	cfg.Version = versionString()
 	if err := f.security(&cfg, logger); err != nil {

@@ -2704,8 +2704,17 @@ type StatusResponse struct {
 	Bloom             *BloomStatus           `protobuf:"bytes,11,opt,name=bloom,proto3" json:"bloom,omitempty"`
 	LeaderTimeUnixMs  int64                  `protobuf:"varint,12,opt,name=leader_time_unix_ms,json=leaderTimeUnixMs,proto3" json:"leader_time_unix_ms,omitempty"`
 	Buckets           uint64                 `protobuf:"varint,13,opt,name=buckets,proto3" json:"buckets,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// What the node's health check answers (grpc.health.v1 SERVING when
+	// true), and why not.
+	Healthy      bool        `protobuf:"varint,14,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	HealthReason string      `protobuf:"bytes,15,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	Disk         *DiskStatus `protobuf:"bytes,16,opt,name=disk,proto3" json:"disk,omitempty"`
+	// The Raft log store: whether a write has run past its stall limit, and
+	// the longest write since start.
+	LogStoreStalled    bool  `protobuf:"varint,17,opt,name=log_store_stalled,json=logStoreStalled,proto3" json:"log_store_stalled,omitempty"`
+	LogStoreMaxWriteMs int64 `protobuf:"varint,18,opt,name=log_store_max_write_ms,json=logStoreMaxWriteMs,proto3" json:"log_store_max_write_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2829,6 +2838,146 @@ func (x *StatusResponse) GetBuckets() uint64 {
 	return 0
 }
 
+func (x *StatusResponse) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *StatusResponse) GetHealthReason() string {
+	if x != nil {
+		return x.HealthReason
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetDisk() *DiskStatus {
+	if x != nil {
+		return x.Disk
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLogStoreStalled() bool {
+	if x != nil {
+		return x.LogStoreStalled
+	}
+	return false
+}
+
+func (x *StatusResponse) GetLogStoreMaxWriteMs() int64 {
+	if x != nil {
+		return x.LogStoreMaxWriteMs
+	}
+	return 0
+}
+
+// DiskStatus is the data directory's filesystem as the node last measured
+// it.
+type DiskStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DataDir    string                 `protobuf:"bytes,1,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
+	FreeBytes  uint64                 `protobuf:"varint,2,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	TotalBytes uint64                 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// Below min_free_bytes client writes are refused (RESOURCE_EXHAUSTED);
+	// below reserve_bytes the node pauses applying the log.
+	MinFreeBytes  uint64 `protobuf:"varint,4,opt,name=min_free_bytes,json=minFreeBytes,proto3" json:"min_free_bytes,omitempty"`
+	ReserveBytes  uint64 `protobuf:"varint,5,opt,name=reserve_bytes,json=reserveBytes,proto3" json:"reserve_bytes,omitempty"`
+	WritesRefused bool   `protobuf:"varint,6,opt,name=writes_refused,json=writesRefused,proto3" json:"writes_refused,omitempty"`
+	ApplyPaused   bool   `protobuf:"varint,7,opt,name=apply_paused,json=applyPaused,proto3" json:"apply_paused,omitempty"`
+	// Bytes the data directory's files occupy on disk (allocated blocks).
+	UsedBytes     uint64 `protobuf:"varint,8,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiskStatus) Reset() {
+	*x = DiskStatus{}
+	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskStatus) ProtoMessage() {}
+
+func (x *DiskStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskStatus.ProtoReflect.Descriptor instead.
+func (*DiskStatus) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DiskStatus) GetDataDir() string {
+	if x != nil {
+		return x.DataDir
+	}
+	return ""
+}
+
+func (x *DiskStatus) GetFreeBytes() uint64 {
+	if x != nil {
+		return x.FreeBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetMinFreeBytes() uint64 {
+	if x != nil {
+		return x.MinFreeBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetReserveBytes() uint64 {
+	if x != nil {
+		return x.ReserveBytes
+	}
+	return 0
+}
+
+func (x *DiskStatus) GetWritesRefused() bool {
+	if x != nil {
+		return x.WritesRefused
+	}
+	return false
+}
+
+func (x *DiskStatus) GetApplyPaused() bool {
+	if x != nil {
+		return x.ApplyPaused
+	}
+	return false
+}
+
+func (x *DiskStatus) GetUsedBytes() uint64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
 type JoinRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -2840,7 +2989,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2852,7 +3001,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[37]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2865,7 +3014,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{37}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JoinRequest) GetNodeId() string {
@@ -2897,7 +3046,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3058,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[38]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3071,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{38}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{39}
 }
 
 type RemoveRequest struct {
@@ -2934,7 +3083,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3095,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[39]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3108,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{39}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveRequest) GetNodeId() string {
@@ -2977,7 +3126,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3138,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[40]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3151,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{40}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{41}
 }
 
 type TransferLeadershipRequest struct {
@@ -3015,7 +3164,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3176,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[41]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3189,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{41}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TransferLeadershipRequest) GetNodeId() string {
@@ -3059,7 +3208,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3220,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[42]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3233,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{42}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TransferLeadershipResponse) GetNewLeaderId() string {
@@ -3102,7 +3251,7 @@ type ReadIndexRequest struct {
 
 func (x *ReadIndexRequest) Reset() {
 	*x = ReadIndexRequest{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3114,7 +3263,7 @@ func (x *ReadIndexRequest) String() string {
 func (*ReadIndexRequest) ProtoMessage() {}
 
 func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[43]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3127,7 +3276,7 @@ func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
 func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{43}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{44}
 }
 
 type ReadIndexResponse struct {
@@ -3139,7 +3288,7 @@ type ReadIndexResponse struct {
 
 func (x *ReadIndexResponse) Reset() {
 	*x = ReadIndexResponse{}
-	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3300,7 @@ func (x *ReadIndexResponse) String() string {
 func (*ReadIndexResponse) ProtoMessage() {}
 
 func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_dedup_proto_msgTypes[44]
+	mi := &file_dedup_v1_dedup_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3313,7 @@ func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
 func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{44}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReadIndexResponse) GetReadIndex() uint64 {
@@ -3346,7 +3495,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10observed_fp_rate\x18\x06 \x01(\x01R\x0eobservedFpRate\x12#\n" +
 	"\rmaybe_lookups\x18\a \x01(\x04R\fmaybeLookups\x12'\n" +
 	"\x0ffalse_positives\x18\b \x01(\x04R\x0efalsePositives\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\xd3\x03\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\"\x9c\x05\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3362,7 +3511,25 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	" \x01(\x04R\tidsStored\x12+\n" +
 	"\x05bloom\x18\v \x01(\v2\x15.dedup.v1.BloomStatusR\x05bloom\x12-\n" +
 	"\x13leader_time_unix_ms\x18\f \x01(\x03R\x10leaderTimeUnixMs\x12\x18\n" +
-	"\abuckets\x18\r \x01(\x04R\abuckets\"`\n" +
+	"\abuckets\x18\r \x01(\x04R\abuckets\x12\x18\n" +
+	"\ahealthy\x18\x0e \x01(\bR\ahealthy\x12#\n" +
+	"\rhealth_reason\x18\x0f \x01(\tR\fhealthReason\x12(\n" +
+	"\x04disk\x18\x10 \x01(\v2\x14.dedup.v1.DiskStatusR\x04disk\x12*\n" +
+	"\x11log_store_stalled\x18\x11 \x01(\bR\x0flogStoreStalled\x122\n" +
+	"\x16log_store_max_write_ms\x18\x12 \x01(\x03R\x12logStoreMaxWriteMs\"\x9b\x02\n" +
+	"\n" +
+	"DiskStatus\x12\x19\n" +
+	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
+	"\n" +
+	"free_bytes\x18\x02 \x01(\x04R\tfreeBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x03 \x01(\x04R\n" +
+	"totalBytes\x12$\n" +
+	"\x0emin_free_bytes\x18\x04 \x01(\x04R\fminFreeBytes\x12#\n" +
+	"\rreserve_bytes\x18\x05 \x01(\x04R\freserveBytes\x12%\n" +
+	"\x0ewrites_refused\x18\x06 \x01(\bR\rwritesRefused\x12!\n" +
+	"\fapply_paused\x18\a \x01(\bR\vapplyPaused\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\b \x01(\x04R\tusedBytes\"`\n" +
 	"\vJoinRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
@@ -3427,7 +3594,7 @@ func file_dedup_v1_dedup_proto_rawDescGZIP() []byte {
 }
 
 var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_dedup_v1_dedup_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: dedup.v1.Consistency
 	(RecordState)(0),                   // 1: dedup.v1.RecordState
@@ -3474,15 +3641,16 @@ var file_dedup_v1_dedup_proto_goTypes = []any{
 	(*Member)(nil),                     // 42: dedup.v1.Member
 	(*BloomStatus)(nil),                // 43: dedup.v1.BloomStatus
 	(*StatusResponse)(nil),             // 44: dedup.v1.StatusResponse
-	(*JoinRequest)(nil),                // 45: dedup.v1.JoinRequest
-	(*JoinResponse)(nil),               // 46: dedup.v1.JoinResponse
-	(*RemoveRequest)(nil),              // 47: dedup.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 48: dedup.v1.RemoveResponse
-	(*TransferLeadershipRequest)(nil),  // 49: dedup.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 50: dedup.v1.TransferLeadershipResponse
-	(*ReadIndexRequest)(nil),           // 51: dedup.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),          // 52: dedup.v1.ReadIndexResponse
-	(*anypb.Any)(nil),                  // 53: google.protobuf.Any
+	(*DiskStatus)(nil),                 // 45: dedup.v1.DiskStatus
+	(*JoinRequest)(nil),                // 46: dedup.v1.JoinRequest
+	(*JoinResponse)(nil),               // 47: dedup.v1.JoinResponse
+	(*RemoveRequest)(nil),              // 48: dedup.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 49: dedup.v1.RemoveResponse
+	(*TransferLeadershipRequest)(nil),  // 50: dedup.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 51: dedup.v1.TransferLeadershipResponse
+	(*ReadIndexRequest)(nil),           // 52: dedup.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),          // 53: dedup.v1.ReadIndexResponse
+	(*anypb.Any)(nil),                  // 54: google.protobuf.Any
 }
 var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	1,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
@@ -3513,7 +3681,7 @@ var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	22, // 25: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
 	23, // 26: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
 	26, // 27: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
-	53, // 28: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	54, // 28: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
 	30, // 29: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
 	11, // 30: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
 	15, // 31: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
@@ -3529,47 +3697,48 @@ var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	32, // 41: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
 	42, // 42: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
 	43, // 43: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	9,  // 44: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	13, // 45: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	17, // 46: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	21, // 47: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	22, // 48: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	23, // 49: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	26, // 50: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	29, // 51: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
-	33, // 52: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	34, // 53: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	35, // 54: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	36, // 55: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	37, // 56: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	41, // 57: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	45, // 58: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	47, // 59: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	49, // 60: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	51, // 61: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	11, // 62: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	15, // 63: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	19, // 64: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	25, // 65: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	25, // 66: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	25, // 67: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	28, // 68: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	31, // 69: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
-	38, // 70: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	38, // 71: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	38, // 72: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 73: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	40, // 74: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	44, // 75: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	46, // 76: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	48, // 77: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	50, // 78: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	52, // 79: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	62, // [62:80] is the sub-list for method output_type
-	44, // [44:62] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	45, // 44: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
+	9,  // 45: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	13, // 46: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	17, // 47: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	21, // 48: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	22, // 49: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	23, // 50: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	26, // 51: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	29, // 52: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	33, // 53: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	34, // 54: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	35, // 55: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	36, // 56: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	37, // 57: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	41, // 58: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	46, // 59: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	48, // 60: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	50, // 61: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	52, // 62: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	11, // 63: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	15, // 64: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	19, // 65: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	25, // 66: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	25, // 67: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	25, // 68: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	28, // 69: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	31, // 70: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	38, // 71: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	38, // 72: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	38, // 73: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 74: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	40, // 75: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	44, // 76: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	47, // 77: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	49, // 78: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	51, // 79: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	53, // 80: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	63, // [63:81] is the sub-list for method output_type
+	45, // [45:63] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }
@@ -3601,7 +3770,7 @@ func file_dedup_v1_dedup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_dedup_proto_rawDesc), len(file_dedup_v1_dedup_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -39,6 +39,15 @@ const (
 	// ReasonWriteTimeout: the write did not commit within the call's
 	// deadline; it may still commit. Retry with the same request token.
 	ReasonWriteTimeout = "WRITE_TIMEOUT"
+	// ReasonDiskFull (RESOURCE_EXHAUSTED): the leader's data directory has
+	// less free space than its --min-free-disk; nothing was written.
+	// Metadata: MetaPath, MetaFreeBytes, MetaMinFreeBytes. Writes resume by
+	// themselves once space is freed; reads are still served.
+	ReasonDiskFull = "DISK_FULL"
+	// ReasonEntryTooLarge (RESOURCE_EXHAUSTED): the request is larger than
+	// one Raft entry may be (--max-entry-bytes); nothing was written.
+	// Metadata: MetaBytes, MetaMaxBytes. Split the request.
+	ReasonEntryTooLarge = "ENTRY_TOO_LARGE"
 )
 
 // ErrorInfo metadata keys.
@@ -55,4 +64,13 @@ const (
 	// MetaMaxMs is the upper limit, in milliseconds, of a TTL or lease
 	// that was out of range (INVALID_ARGUMENT on ttl_ms or lease_ms).
 	MetaMaxMs = "max_ms"
+	// MetaPath, MetaFreeBytes and MetaMinFreeBytes: the data directory
+	// that is short of space, its free bytes and the threshold (DISK_FULL).
+	MetaPath         = "path"
+	MetaFreeBytes    = "free_bytes"
+	MetaMinFreeBytes = "min_free_bytes"
+	// MetaBytes and MetaMaxBytes: a request's encoded size and the entry
+	// limit (ENTRY_TOO_LARGE).
+	MetaBytes    = "bytes"
+	MetaMaxBytes = "max_bytes"
 )
