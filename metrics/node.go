@@ -207,7 +207,9 @@ var diskDescs = []desc{
 	diskGauge("dedup_disk_writes_refused", "1 while the node refuses client writes for want of free disk space.", func(d *DiskStats) float64 { return b2f(d.WritesRefused) }),
 	diskGauge("dedup_disk_apply_paused", "1 while the node pauses applying the Raft log for want of free disk space.", func(d *DiskStats) float64 { return b2f(d.ApplyPaused) }),
 	{prometheus.NewDesc("dedup_raft_log_store_stalled", "1 while a Raft log store write has run past the stall limit (--raft-log-stall-timeout): the node does not lead or replicate.", nil, nil), prometheus.GaugeValue,
-		func(s *Snapshot) (float64, bool) { return b2f(s.LogStore != nil && s.LogStore.Stalled), s.LogStore != nil }},
+		func(s *Snapshot) (float64, bool) {
+			return b2f(s.LogStore != nil && s.LogStore.Stalled), s.LogStore != nil
+		}},
 	{prometheus.NewDesc("dedup_raft_log_store_write_in_progress_seconds", "How long the Raft log store write in progress has run (0 when none): a stalled disk shows here before the stall limit.", nil, nil), prometheus.GaugeValue,
 		func(s *Snapshot) (float64, bool) {
 			if s.LogStore == nil {
