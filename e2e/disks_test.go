@@ -392,3 +392,291 @@ func TestDiskFull_RefusesWritesThenResumes(t *testing.T) {
 	}
 	noPanic(t, cl)
 }
+
+// leaderOf asks addr's node for the leader it knows.
+func leaderOf(ctx context.Context, cc *grpc.ClientConn) string {
+	st, err := nodeStatus(ctx, cc)
+	if err != nil {
+		return ""
+	}
+	return st.LeaderId
+}
+
+// makeLeader transfers leadership to id (from whichever node leads).
+func makeLeader(t *testing.T, ctx context.Context, c *cluster, conns map[string]*grpc.ClientConn, id string) {
+	t.Helper()
+	if err := waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+		lid := leaderOf(ctx, conns[c.nodes[0].id])
+		if lid == id {
+			st, err := nodeStatus(ctx, conns[id])
+			if err == nil && st.State == "leader" && st.Healthy {
+				return nil
+			}
+			return fmt.Errorf("%s leads but is not ready: %v", id, err)
+		}
+		if lid == "" {
+			return errors.New("no leader")
+		}
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := dedupv1.NewAdminClient(conns[lid]).TransferLeadership(tctx, &dedupv1.TransferLeadershipRequest{NodeId: id})
+		return fmt.Errorf("transfer from %s to %s: %v", lid, id, err)
+	}); err != nil {
+		c.dumpLogs()
+		t.Fatal(err)
+	}
+}
+
+// Documented bound (docs/OPERATIONS.md, Disks): a leader whose log store
+// stalls loses leadership within --raft-log-stall-timeout + 2 × heartbeat
+// timeout + election timeout + 1 s (hashicorp/raft's defaults: 1 s each).
+func stallBound(stall time.Duration) time.Duration { return stall + 2*time.Second + time.Second + time.Second }
+
+// Input 2: the leader's filesystem is frozen (fsfreeze), so its Raft log
+// writes hang without an error. A new leader must be elected within the
+// documented bound, writes resume on the others, no client call runs past
+// its deadline, and the frozen node catches up after the thaw without a
+// restart.
+func TestStalledLeaderDisk_NewLeaderWithinBound(t *testing.T) {
+	needRoot(t, "fsfreeze", "mkfs.ext4")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	fs := mountLoopExt4(t, 96<<20)
+	cl := newPeersCluster(t, bin, 3)
+	n1 := cl.nodes[0]
+	n1.dir = filepath.Join(fs, "n1")
+	const stall = time.Second
+	for _, n := range cl.nodes {
+		cl.start(n, "--raft-log-stall-timeout", stall.String(), "--fsm-memtable-size", "4MiB")
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := run(t, "fsfreeze", "-u", fs); err != nil {
+				t.Errorf("thaw: %v", err)
+			}
+		}
+	}
+	t.Cleanup(thaw) // before the processes are killed: a frozen writer cannot die
+	cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
+	conns := map[string]*grpc.ClientConn{}
+	for _, n := range cl.nodes {
+		conns[n.id] = dial(t, n.grpc)
+	}
+	makeLeader(t, ctx, cl, conns, "n1")
+
+	// Steady writes through n2 and n3 (forwarded to the leader), each call
+	// with a 2 s deadline.
+	const deadline = 2 * time.Second
+	type call struct {
+		at, took time.Duration
+		err      error
+		ids      [][]byte
+	}
+	start := time.Now()
+	calls := make(chan call, 1000)
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		for i := 0; loadCtx.Err() == nil && i < 2000; i++ {
+			cc := conns[cl.nodes[1+i%2].id]
+			items := markItems(fmt.Sprintf("stall%05d", i), 20, 40)
+			t0 := time.Now()
+			cctx, ccancel := context.WithTimeout(loadCtx, deadline)
+			_, err := dedupv1.NewDedupClient(cc).Mark(cctx, &dedupv1.MarkRequest{Items: items})
+			ccancel()
+			c := call{at: t0.Sub(start), took: time.Since(t0), err: err}
+			if err == nil {
+				for _, it := range items {
+					c.ids = append(c.ids, it.Id)
+				}
+			}
+			calls <- c
+			select {
+			case <-time.After(50 * time.Millisecond):
+			case <-loadCtx.Done():
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // some writes before the freeze (not a proof of anything)
+
+	if err := run(t, "fsfreeze", "-f", fs); err != nil {
+		t.Skipf("cannot freeze %s: %v", fs, err)
+	}
+	frozeAt := time.Since(start)
+	var newLeader string
+	err := waitUntil(ctx, 30*time.Second, func(ctx context.Context) error {
+		for _, id := range []string{"n2", "n3"} {
+			if l := leaderOf(ctx, conns[id]); l != "" && l != "n1" {
+				st, err := nodeStatus(ctx, conns[l])
+				if err == nil && st.State == "leader" && st.Healthy {
+					newLeader = l
+					return nil
+				}
+			}
+		}
+		return errors.New("n2 and n3 name no healthy leader other than n1")
+	})
+	elected := time.Since(start) - frozeAt
+	if err != nil {
+		thaw()
+		cl.dumpLogs()
+		t.Fatalf("after freezing n1's disk: %v", err)
+	}
+	t.Logf("n1's disk frozen; %s leads and is ready %v later (documented bound %v)", newLeader, elected.Round(time.Millisecond), stallBound(stall))
+	if elected > stallBound(stall) {
+		t.Errorf("new leader after %v, beyond the documented bound of %v", elected, stallBound(stall))
+	}
+	// Writes resume on the others while n1 is still frozen.
+	if err := waitUntil(ctx, 20*time.Second, func(ctx context.Context) error {
+		cctx, ccancel := context.WithTimeout(ctx, deadline)
+		defer ccancel()
+		_, err := dedupv1.NewDedupClient(conns[newLeader]).Mark(cctx, &dedupv1.MarkRequest{Items: markItems("whilefrozen", 10, 40)})
+		return err
+	}); err != nil {
+		thaw()
+		cl.dumpLogs()
+		t.Fatalf("writes on %s while n1 is frozen: %v", newLeader, err)
+	}
+	st, err := nodeStatus(ctx, conns["n1"])
+	t.Logf("n1 while frozen: healthy=%v reason=%q stalled=%v err=%v", st.GetHealthy(), st.GetHealthReason(), st.GetLogStoreStalled(), err)
+	if err != nil || st.Healthy || !st.LogStoreStalled {
+		t.Errorf("n1 while frozen: status %v, want NOT healthy with log_store_stalled", err)
+	}
+	time.Sleep(time.Second) // writes keep going while frozen (not a proof of anything)
+	stopLoad()
+	<-loadDone
+	close(calls)
+	var acked [][]byte
+	late, failed, total := 0, 0, 0
+	for c := range calls {
+		total++
+		if c.err != nil {
+			failed++
+		} else {
+			acked = append(acked, c.ids...)
+		}
+		if c.took > deadline+500*time.Millisecond {
+			late++
+			t.Errorf("call at %v ran %v, past its %v deadline: %v", c.at, c.took, deadline, c.err)
+		}
+	}
+	t.Logf("%d calls, %d failed, %d past their deadline, %d IDs acknowledged", total, failed, late, len(acked))
+
+	// Thaw: n1 catches up without a restart.
+	thaw()
+	var target uint64
+	if st, err := nodeStatus(ctx, conns[newLeader]); err == nil {
+		target = st.CommitIndex
+	}
+	if err := waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+		st, err := nodeStatus(ctx, conns["n1"])
+		if err != nil {
+			return err
+		}
+		if !st.Healthy || st.AppliedIndex < target || st.LogStoreStalled {
+			return fmt.Errorf("n1 healthy=%v (%s) applied %d of %d stalled=%v", st.Healthy, st.HealthReason, st.AppliedIndex, target, st.LogStoreStalled)
+		}
+		return nil
+	}); err != nil {
+		cl.dumpLogs()
+		t.Fatalf("n1 after the thaw: %v", err)
+	}
+	for lo := 0; lo < len(acked); lo += 1000 {
+		ids := acked[lo:min(lo+1000, len(acked))]
+		r, err := dedupv1.NewDedupClient(conns["n1"]).Check(ctx, &dedupv1.CheckRequest{Ids: ids})
+		if err != nil {
+			t.Fatalf("check on n1 after the thaw: %v", err)
+		}
+		for i, res := range r.Results {
+			if res.Code != dedupv1.CheckResult_SEEN {
+				t.Fatalf("acknowledged ID %s is %v on n1 after the thaw", ids[i], res.Code)
+			}
+		}
+	}
+	noPanic(t, cl)
+}
+
+// Input 7: a leadership transfer to a frozen (SIGSTOP) follower fails, and
+// writes must resume within about one election timeout, not after the Raft
+// transport's 10 s I/O timeout.
+func TestTransferToFrozenFollower_WritesResumeWithinElectionTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds the binary and runs 3 processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	cl := newPeersCluster(t, bin, 3)
+	cl.startAll()
+	lid := cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
+	conns := map[string]*grpc.ClientConn{}
+	for _, n := range cl.nodes {
+		conns[n.id] = dial(t, n.grpc)
+	}
+	makeLeader(t, ctx, cl, conns, lid)
+	var target *node
+	for _, n := range cl.nodes {
+		if n.id != lid {
+			target = n
+			break
+		}
+	}
+	dc := dedupv1.NewDedupClient(conns[lid])
+	if _, err := dc.Mark(ctx, &dedupv1.MarkRequest{Items: markItems("before", 10, 40)}); err != nil {
+		t.Fatal(err)
+	}
+	// Let the target catch up, so the transfer gets as far as TimeoutNow.
+	if err := waitUntil(ctx, 20*time.Second, func(ctx context.Context) error {
+		ls, err1 := nodeStatus(ctx, conns[lid])
+		ts, err2 := nodeStatus(ctx, conns[target.id])
+		if err1 != nil || err2 != nil || ts.AppliedIndex < ls.CommitIndex {
+			return fmt.Errorf("target not caught up: %v %v", err1, err2)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	target.mu.Lock()
+	proc := target.cmd.Process
+	target.mu.Unlock()
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Signal(syscall.SIGCONT) })
+
+	t0 := time.Now()
+	tctx, tcancel := context.WithTimeout(ctx, 20*time.Second)
+	_, terr := dedupv1.NewAdminClient(conns[lid]).TransferLeadership(tctx, &dedupv1.TransferLeadershipRequest{NodeId: target.id})
+	tcancel()
+	failedAfter := time.Since(t0)
+	t.Logf("transfer to frozen %s: %v after %v", target.id, terr, failedAfter.Round(time.Millisecond))
+	if terr == nil {
+		t.Fatalf("transfer to a frozen node succeeded")
+	}
+	// Writes on the leader (or whoever leads now) must resume quickly.
+	var resumed time.Duration
+	if err := waitUntil(ctx, 30*time.Second, func(ctx context.Context) error {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
+		_, err := dc.Mark(cctx, &dedupv1.MarkRequest{Items: markItems(fmt.Sprintf("after%d", time.Now().UnixNano()), 10, 40)})
+		if err == nil {
+			resumed = time.Since(t0)
+		}
+		return err
+	}); err != nil {
+		cl.dumpLogs()
+		t.Fatalf("writes after the failed transfer: %v", err)
+	}
+	t.Logf("writes resumed %v after the transfer began (%v after it failed)", resumed.Round(time.Millisecond), (resumed - failedAfter).Round(time.Millisecond))
+	// About one election timeout (1 s) for the transfer, one more at most
+	// for the bounded TimeoutNow, and slack for two loaded cores; the
+	// unbounded transport took ~10 s.
+	if resumed > 4*time.Second {
+		t.Errorf("writes unavailable for %v after a failed transfer, want about one election timeout (1 s)", resumed)
+	}
+	noPanic(t, cl)
+}
