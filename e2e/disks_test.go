@@ -430,7 +430,9 @@ func makeLeader(t *testing.T, ctx context.Context, c *cluster, conns map[string]
 // Documented bound (docs/OPERATIONS.md, Disks): a leader whose log store
 // stalls loses leadership within --raft-log-stall-timeout + 2 × heartbeat
 // timeout + election timeout + 1 s (hashicorp/raft's defaults: 1 s each).
-func stallBound(stall time.Duration) time.Duration { return stall + 2*time.Second + time.Second + time.Second }
+func stallBound(stall time.Duration) time.Duration {
+	return stall + 2*time.Second + time.Second + time.Second
+}
 
 // Input 2: the leader's filesystem is frozen (fsfreeze), so its Raft log
 // writes hang without an error. A new leader must be elected within the
@@ -677,6 +679,74 @@ func TestTransferToFrozenFollower_WritesResumeWithinElectionTimeout(t *testing.T
 	// unbounded transport took ~10 s.
 	if resumed > 4*time.Second {
 		t.Errorf("writes unavailable for %v after a failed transfer, want about one election timeout (1 s)", resumed)
+	}
+	noPanic(t, cl)
+}
+
+// Input 3: a request larger than one Raft entry may be is refused before
+// anything is proposed, with RESOURCE_EXHAUSTED naming the limit; gRPC
+// refuses a message beyond the limit (plus framing) unread; the largest
+// entry is a metric.
+func TestOversizedRequest_RefusedBeforeProposing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds the binary and runs a process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	ports := freePorts(t, 3)
+	cl := &cluster{t: t, bin: bin, args: []string{"--bootstrap"}}
+	n := &node{id: "n1", raft: ports[0], grpc: ports[1], dir: filepath.Join(t.TempDir(), "n1"), logPath: filepath.Join(t.TempDir(), "n1.log")}
+	cl.nodes = []*node{n}
+	const limit = 1 << 20
+	cl.start(n, "--admin-addr", ports[2], "--max-entry-bytes", "1MiB")
+	cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
+	cc := dial(t, n.grpc)
+	if _, err := dedupv1.NewAdminClient(cc).CreateNamespace(ctx, &dedupv1.CreateNamespaceRequest{
+		Namespace: &dedupv1.Namespace{Name: "big", MaxIdBytes: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	dc := dedupv1.NewDedupClient(cc)
+	before, err := nodeStatus(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// 400 IDs of 4 KiB: 1.6 MiB, above the entry limit, below gRPC's.
+	_, err = dc.Mark(ctx, &dedupv1.MarkRequest{Namespace: "big", Items: markItems("huge", 400, 4096)})
+	info := errInfo(err)
+	if status.Code(err) != codes.ResourceExhausted || info == nil || info.Reason != "ENTRY_TOO_LARGE" || info.Metadata["max_bytes"] != fmt.Sprint(limit) {
+		t.Fatalf("mark of 400 × 4 KiB = %v (details %v), want RESOURCE_EXHAUSTED ENTRY_TOO_LARGE with max_bytes %d", err, info, limit)
+	}
+	if !strings.Contains(status.Convert(err).Message(), fmt.Sprint(limit)) {
+		t.Fatalf("message %q does not name the limit", status.Convert(err).Message())
+	}
+	t.Logf("refused: %v", err)
+	after, err := nodeStatus(ctx, cc)
+	if err != nil || after.CommitIndex != before.CommitIndex {
+		t.Fatalf("commit index %d → %d (%v): the refused request was proposed", before.CommitIndex, after.GetCommitIndex(), err)
+	}
+	// 3 MiB: gRPC refuses it unread.
+	_, err = dc.Mark(ctx, &dedupv1.MarkRequest{Namespace: "big", Items: markItems("huger", 750, 4096)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("mark of 750 × 4 KiB = %v, want RESOURCE_EXHAUSTED from gRPC", err)
+	}
+	// 200 IDs of 4 KiB: 0.8 MiB, one entry within the limit.
+	if _, err := dc.Mark(ctx, &dedupv1.MarkRequest{Namespace: "big", Items: markItems("fits", 200, 4096)}); err != nil {
+		t.Fatalf("mark of 200 × 4 KiB: %v", err)
+	}
+	_, metrics, err := httpGet(ctx, "http://"+ports[2]+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var largest, lim float64
+	for _, l := range strings.Split(metrics, "\n") {
+		fmt.Sscanf(l, "dedup_raft_entry_max_bytes %g", &largest)
+		fmt.Sscanf(l, "dedup_raft_entry_limit_bytes %g", &lim)
+	}
+	t.Logf("dedup_raft_entry_max_bytes %.0f, dedup_raft_entry_limit_bytes %.0f", largest, lim)
+	if largest < 200*4096 || largest > limit || lim != limit {
+		t.Fatalf("dedup_raft_entry_max_bytes %.0f / limit %.0f: want the 200 × 4 KiB entry (≥ %d, ≤ %d) and the limit", largest, lim, 200*4096, limit)
 	}
 	noPanic(t, cl)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/auth"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 	"github.com/dedupnode/dedupnode/metrics"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/dedupnode/dedupnode/server"
@@ -175,7 +177,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.configFile, "config", "", "YAML `FILE` whose keys are these flags' names (node-id: n1, peers: [...], tls-cert: ...); the command line and DEDUPNODE_* variables take precedence over it; an unknown key is an error")
 	fs.StringVar(&f.memoryLimit, "memory-limit", "", "soft limit (`SIZE`, e.g. 768MiB or 1GiB) on the Go runtime's memory: the garbage collector runs more often near it instead of letting the heap double (GOGC); Pebble's block cache and memtables and the mmapped Raft log are outside it; off when empty (GOMEMLIMIT still applies)")
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "auto", "refuse client writes (RESOURCE_EXHAUSTED, reads still served) while the data dir's filesystem has less than `SIZE` free (e.g. 1GiB); \"auto\": 64MiB plus twice the ID store's size on disk, room for a snapshot and a compaction; writes resume by themselves once space is back")
-	fs.StringVar(&f.memtableSize, "fsm-memtable-size", "32MiB", "Pebble memtable `SIZE` of the ID store; its write-ahead log preallocates 1.1x this per file and keeps up to 4 files, so the floor of a node's disk use is about 4.4x this (see docs/OPERATIONS.md, Disks)")
+	fs.StringVar(&f.memtableSize, "fsm-memtable-size", "auto", "Pebble memtable `SIZE` of the ID store; its write-ahead log preallocates 1.1x this per file and up to 8 files exist under a burst, so a node's disk use starts near 9x this (see docs/OPERATIONS.md, Disks); \"auto\": 1/64 of the data dir's filesystem, from 2MiB to 32MiB")
 	fs.StringVar(&f.maxEntryBytes, "max-entry-bytes", "16MiB", "largest Raft entry (`SIZE`); a request encoding to more is refused with RESOURCE_EXHAUSTED before anything is written, and gRPC refuses messages larger than this plus 1MiB")
 	fs.DurationVar(&f.logStall, "raft-log-stall-timeout", 3*time.Second, "a Raft log write running longer than `DUR` marks the disk stalled: the node stops leading and replicating (the others elect a leader) and reports NOT_SERVING until the write returns")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
@@ -221,6 +223,22 @@ func parseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("want a size such as 768MiB or 1GiB")
 	}
 	return int64(v * mult), nil
+}
+
+// autoMemtable sizes Pebble's memtable at 1/64 of the filesystem that will
+// hold dir (its nearest existing ancestor), from 2 MiB to 32 MiB: Pebble
+// preallocates every WAL file at 110% of it, so a small volume gets a
+// footprint in proportion (see docs/OPERATIONS.md, Disks).
+func autoMemtable(dir string) int64 {
+	const lo, hi = 2 << 20, 32 << 20
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, total, err := diskspace.Free(d); err == nil {
+			return min(max(int64(total/64), lo), hi)
+		}
+		if d == filepath.Dir(d) {
+			return hi
+		}
+	}
 }
 
 // hasState reports whether dir already holds a node's Raft state (either
@@ -310,9 +328,11 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 			return cfg, nil, usagef("--min-free-disk %q: want a size such as 512MiB or 2GiB, or auto", f.minFreeDisk)
 		}
 	}
-	memtable, err := parseByteSize(f.memtableSize)
-	if err != nil || memtable < 1<<20 || memtable > 4<<30 {
-		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB", f.memtableSize)
+	var memtable int64
+	if f.memtableSize == "auto" {
+		memtable = autoMemtable(f.dataDir)
+	} else if memtable, err = parseByteSize(f.memtableSize); err != nil || memtable < 1<<20 || memtable > 4<<30 {
+		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB, or auto", f.memtableSize)
 	}
 	if minFree > 0 && uint64(minFree) < cluster.DiskReserve(uint64(memtable)) {
 		return cfg, nil, usagef("--min-free-disk %s is below the %s the ID store needs to keep applying with --fsm-memtable-size %s: raise it or lower the memtable size",
