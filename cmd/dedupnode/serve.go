@@ -323,13 +323,13 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 		return cfg, nil, usagef("--memory-limit %q: %v", f.memoryLimit, err)
 	}
 	var minFree int64
-	if f.minFreeDisk != "auto" {
+	if f.minFreeDisk != "auto" && f.minFreeDisk != "" {
 		if minFree, err = parseByteSize(f.minFreeDisk); err != nil || minFree <= 0 {
 			return cfg, nil, usagef("--min-free-disk %q: want a size such as 512MiB or 2GiB, or auto", f.minFreeDisk)
 		}
 	}
 	var memtable int64
-	if f.memtableSize == "auto" {
+	if f.memtableSize == "auto" || f.memtableSize == "" {
 		memtable = autoMemtable(f.dataDir)
 	} else if memtable, err = parseByteSize(f.memtableSize); err != nil || memtable < 1<<20 || memtable > 4<<30 {
 		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB, or auto", f.memtableSize)
@@ -338,11 +338,14 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 		return cfg, nil, usagef("--min-free-disk %s is below the %s the ID store needs to keep applying with --fsm-memtable-size %s: raise it or lower the memtable size",
 			f.minFreeDisk, humanBytes(cluster.DiskReserve(uint64(memtable))), f.memtableSize)
 	}
-	maxEntry, err := parseByteSize(f.maxEntryBytes)
+	maxEntry := int64(cluster.DefaultMaxEntryBytes)
+	if f.maxEntryBytes != "" {
+		maxEntry, err = parseByteSize(f.maxEntryBytes)
+	}
 	if err != nil || maxEntry < 64<<10 || maxEntry > 1<<30 {
 		return cfg, nil, usagef("--max-entry-bytes %q: want a size from 64KiB to 1GiB, e.g. 16MiB", f.maxEntryBytes)
 	}
-	if f.logStall < 100*time.Millisecond {
+	if f.logStall != 0 && f.logStall < 100*time.Millisecond {
 		return cfg, nil, usagef("--raft-log-stall-timeout %v: want at least 100ms, e.g. 3s", f.logStall)
 	}
 	logger, err := newLogger(logOut, f.logLevel, f.logFormat)
