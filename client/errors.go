@@ -53,9 +53,15 @@ var (
 	// ErrInvalidArgument: the request was rejected before anything was
 	// applied; Error.Field names the field.
 	ErrInvalidArgument = errors.New("invalid argument")
-	// ErrTooLarge: the request exceeds a limit (ResourceExhausted); nothing
-	// was applied.
+	// ErrTooLarge: the request exceeds a limit (ResourceExhausted: the
+	// batch size, the message size or one Raft entry, --max-entry-bytes);
+	// nothing was applied. Split it.
 	ErrTooLarge = errors.New("request too large")
+	// ErrDiskFull: the leader's data directory has less free space than its
+	// --min-free-disk, so it refuses writes (Error.Message names the path
+	// and the free bytes). Nothing was written; reads still work, and
+	// writes are accepted again once space is freed.
+	ErrDiskFull = errors.New("leader's disk is low on space; writes refused")
 	// ErrUnauthenticated: the cluster requires a token and got none, or an
 	// unknown one.
 	ErrUnauthenticated = errors.New("not authenticated")
@@ -225,6 +231,12 @@ func decodeStatus(e *Error, err error) {
 		return
 	case dedupv1.ReasonInvalidArgument:
 		e.Kind = ErrInvalidArgument
+		return
+	case dedupv1.ReasonDiskFull:
+		e.Kind = ErrDiskFull
+		return
+	case dedupv1.ReasonEntryTooLarge:
+		e.Kind = ErrTooLarge
 		return
 	}
 	switch e.Code {

@@ -243,6 +243,9 @@ func explain(err error, f *clientFlags, namespace string) error {
 		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "fix the input and retry"}
 	case client.ErrTooLarge:
 		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "send fewer IDs per request (--batch)"}
+	case client.ErrDiskFull:
+		return &opError{err: fmt.Errorf("write refused, nothing applied: %s", msg),
+			hint: "free space on the leader's data volume (or grow it, or let expiry drop old IDs); writes resume by themselves, reads still work"}
 	case client.ErrNamespaceExists:
 		return &opError{err: errors.New(msg), hint: "use 'update' to change it, or pick another name"}
 	case client.ErrUnsupported:
