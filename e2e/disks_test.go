@@ -750,3 +750,112 @@ func TestOversizedRequest_RefusedBeforeProposing(t *testing.T) {
 	}
 	noPanic(t, cl)
 }
+
+// Input 1, follower side: a follower's disk fills (another writer took the
+// space) while the leader keeps taking writes. The follower must not panic
+// nor apply half a batch: it pauses applying, reports NOT_SERVING, the
+// others keep committing, and once space is freed it catches up by itself
+// with every acknowledged ID.
+func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	fs := mountTmpfs(t, 64<<20)
+	ballast := filepath.Join(fs, "ballast")
+	cl := newPeersCluster(t, bin, 3)
+	n3 := cl.nodes[2]
+	n3.dir = filepath.Join(fs, "n3")
+	for _, n := range cl.nodes {
+		cl.start(n, "--fsm-memtable-size", "2MiB", "--min-free-disk", "16MiB")
+	}
+	cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
+	conns := map[string]*grpc.ClientConn{}
+	for _, n := range cl.nodes {
+		conns[n.id] = dial(t, n.grpc)
+	}
+	makeLeader(t, ctx, cl, conns, "n1")
+	st, err := nodeStatus(ctx, conns["n3"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve := int64(st.GetDisk().GetReserveBytes())
+	// Leave n3 4 MiB above its apply reserve, far below its write
+	// threshold: only a leader refuses writes, and n1 leads.
+	if free := freeBytes(t, fs); free > reserve+4<<20 {
+		fillFile(t, ballast, free-(reserve+4<<20))
+	}
+	dc := dedupv1.NewDedupClient(conns["n1"])
+	var acked [][]byte
+	paused := false
+	for i := 0; i < 400 && !paused; i++ {
+		items := markItems(fmt.Sprintf("f%04d", i), 200, 500)
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := dc.Mark(cctx, &dedupv1.MarkRequest{Items: items})
+		ccancel()
+		if err != nil {
+			cl.dumpLogs()
+			t.Fatalf("batch %d on the leader: %v", i, err)
+		}
+		for _, it := range items {
+			acked = append(acked, it.Id)
+		}
+		if st, err := nodeStatus(ctx, conns["n3"]); err == nil && st.GetDisk().GetApplyPaused() {
+			paused = true
+			t.Logf("n3 paused applying after %d IDs: %d bytes free, reserve %d; health %q", len(acked), st.Disk.FreeBytes, st.Disk.ReserveBytes, st.HealthReason)
+		}
+	}
+	if !paused {
+		t.Fatalf("n3 never paused applying (%d IDs, %d bytes free)", len(acked), freeBytes(t, fs))
+	}
+	// Now the disk fills completely: n3's Raft log appends fail too. The
+	// others go on committing while n3 is paused.
+	t.Logf("filled n3's remaining %d bytes", fillFile(t, ballast, -1))
+	for i := 0; i < 20; i++ {
+		items := markItems(fmt.Sprintf("g%04d", i), 200, 500)
+		if _, err := dc.Mark(ctx, &dedupv1.MarkRequest{Items: items}); err != nil {
+			cl.dumpLogs()
+			t.Fatalf("writes while n3 is paused: %v", err)
+		}
+		for _, it := range items {
+			acked = append(acked, it.Id)
+		}
+	}
+	if s, err := health(ctx, conns["n3"]); err != nil || s != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("n3 health while paused: %v %v, want NOT_SERVING", s, err)
+	}
+	if err := os.Remove(ballast); err != nil {
+		t.Fatal(err)
+	}
+	lst, err := nodeStatus(ctx, conns["n1"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+		st, err := nodeStatus(ctx, conns["n3"])
+		if err != nil {
+			return err
+		}
+		if !st.Healthy || st.AppliedIndex < lst.CommitIndex {
+			return fmt.Errorf("n3 healthy=%v (%s) applied %d of %d", st.Healthy, st.HealthReason, st.AppliedIndex, lst.CommitIndex)
+		}
+		return nil
+	}); err != nil {
+		cl.dumpLogs()
+		t.Fatalf("n3 after space came back: %v", err)
+	}
+	for lo := 0; lo < len(acked); lo += 2000 {
+		ids := acked[lo:min(lo+2000, len(acked))]
+		r, err := dedupv1.NewDedupClient(conns["n3"]).Check(ctx, &dedupv1.CheckRequest{Ids: ids, Consistency: dedupv1.Consistency_CONSISTENCY_STALE})
+		if err != nil {
+			t.Fatalf("stale check on n3: %v", err)
+		}
+		for i, res := range r.Results {
+			if res.Code != dedupv1.CheckResult_SEEN {
+				t.Fatalf("acknowledged ID %d is %v on n3 after it caught up", lo+i, res.Code)
+			}
+		}
+	}
+	t.Logf("n3 caught up: all %d acknowledged IDs there", len(acked))
+	noPanic(t, cl)
+}
