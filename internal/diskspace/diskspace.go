@@ -139,8 +139,9 @@ type Monitor struct {
 	log   *slog.Logger
 	state atomic.Pointer[State]
 
-	mu      sync.Mutex
-	changed chan struct{} // closed and replaced when Critical clears
+	measureMu sync.Mutex // one measurement at a time: transitions log once
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced when Critical clears
 	autoDir uint64        // bytes of AutoDir at the last walk
 
 	stop chan struct{}
@@ -219,6 +220,8 @@ func (m *Monitor) minFree() uint64 {
 func (m *Monitor) Measure() State { return m.measure() }
 
 func (m *Monitor) measure() State {
+	m.measureMu.Lock()
+	defer m.measureMu.Unlock()
 	free, total, err := m.cfg.free(m.cfg.Dir)
 	prev := m.state.Load()
 	st := State{Dir: m.cfg.Dir, Free: free, Total: total, MinFree: m.minFree(), Reserve: m.cfg.Reserve, Err: err, At: time.Now()}
