@@ -142,7 +142,7 @@ type Monitor struct {
 	measureMu sync.Mutex // one measurement at a time: transitions log once
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced when Critical clears
-	autoDir uint64        // bytes of AutoDir at the last walk
+	autoDir   uint64        // bytes of AutoDir at the last walk
 
 	stop chan struct{}
 	done chan struct{}
