@@ -241,6 +241,32 @@ func autoMemtable(dir string) int64 {
 	}
 }
 
+// logStore is the Raft log store to open: the one --raft-log-store names,
+// which must be the one the data dir holds, or, when the flag is not given,
+// the one the data dir holds (DefaultLogStore for a new node), so that a
+// node created before wal became the default starts after an upgrade
+// without a new flag.
+func (f *serveFlags) logStore() (cluster.LogStore, error) {
+	if f.raftLogStore == "" {
+		found, err := cluster.DetectLogStore(f.dataDir)
+		if err != nil {
+			return "", usagef("%v", err)
+		}
+		if found == "" {
+			return cluster.DefaultLogStore, nil
+		}
+		return found, nil
+	}
+	ls, err := cluster.ParseLogStore(f.raftLogStore)
+	if err != nil {
+		return "", usagef("--raft-log-store %q: want wal or boltdb", f.raftLogStore)
+	}
+	if err := cluster.CheckLogStore(f.dataDir, ls); err != nil {
+		return "", usagef("%v", err)
+	}
+	return ls, nil
+}
+
 // hasState reports whether dir already holds a node's Raft state (either
 // store's log; both at once counts too, and the node refuses to start).
 func hasState(dir string) bool {
