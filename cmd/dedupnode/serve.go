@@ -436,32 +436,6 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 
 // security sets up TLS (gRPC, node-to-node gRPC and Raft) and access
 // control from the flags, and f.reload for SIGHUP.
-// logStore is the Raft log store to open: the one --raft-log-store names,
-// which must be the one the data dir holds, or, when the flag is not given,
-// the one the data dir holds (DefaultLogStore for a new node), so that a
-// node created before wal became the default starts after an upgrade
-// without a new flag.
-func (f *serveFlags) logStore() (cluster.LogStore, error) {
-	if f.raftLogStore == "" {
-		found, err := cluster.DetectLogStore(f.dataDir)
-		if err != nil {
-			return "", usagef("%v", err)
-		}
-		if found == "" {
-			return cluster.DefaultLogStore, nil
-		}
-		return found, nil
-	}
-	ls, err := cluster.ParseLogStore(f.raftLogStore)
-	if err != nil {
-		return "", usagef("--raft-log-store %q: want wal or boltdb", f.raftLogStore)
-	}
-	if err := cluster.CheckLogStore(f.dataDir, ls); err != nil {
-		return "", usagef("%v", err)
-	}
-	return ls, nil
-}
-
 func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 	var reloads []func() error
 	tlsOn := f.tlsCert != "" || f.tlsKey != ""
