@@ -1,9 +1,15 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
@@ -25,11 +31,15 @@ func TestFollowerSharedReadIndexSeesAcknowledgedMarks(t *testing.T) {
 			w := writers[g%len(writers)]
 			for i := range 15 {
 				id := fmt.Appendf(nil, "lin-%d-%d", g, i)
-				if _, err := w.dedup.Mark(ctx, &dedupv1.MarkRequest{Items: markItems([][]byte{id})}); err != nil {
+				// A leader that loses its lease on a loaded machine answers
+				// Unavailable; the retry carries the same token, and the
+				// assertion below starts only once the Mark is acknowledged.
+				req := &dedupv1.MarkRequest{Items: markItems([][]byte{id}), RequestToken: fmt.Appendf(nil, "tok-%d-%d", g, i)}
+				if _, err := markRetrying(ctx, w.dedup, req); err != nil {
 					errs <- err
 					return
 				}
-				c, err := reader.dedup.Check(ctx, &dedupv1.CheckRequest{Ids: [][]byte{id, fmt.Appendf(nil, "absent-%d-%d", g, i)}})
+				c, err := checkRetrying(ctx, reader.dedup, &dedupv1.CheckRequest{Ids: [][]byte{id, fmt.Appendf(nil, "absent-%d-%d", g, i)}})
 				if err != nil {
 					errs <- err
 					return
@@ -45,5 +55,27 @@ func TestFollowerSharedReadIndexSeesAcknowledgedMarks(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// checkRetrying checks, retrying while the answer is Unavailable (a read
+// index the leader could not confirm: no answer, never a wrong one), until
+// ctx ends.
+func checkRetrying(ctx context.Context, c dedupv1.DedupClient, req *dedupv1.CheckRequest) (*dedupv1.CheckResponse, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := c.Check(actx, req)
+		cancel()
+		if err == nil {
+			return resp, nil
+		}
+		if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
