@@ -46,6 +46,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/integrations/internal/settle"
 	"github.com/dedupnode/dedupnode/integrations/msgid"
 )
 
@@ -293,19 +294,14 @@ func (h *Handler) handle(ctx context.Context, d *amqp.Delivery) Result {
 		return h.cfg.Handler(ctx, d)
 	}, opts...)
 	r := Result{ID: id, Outcome: res.Outcome, Ran: res.Ran, Err: err}
-	switch res.Outcome {
-	case client.OutcomeProcessed, client.OutcomeDuplicate:
+	dec := settle.Decide(res, id, h.cfg.InProgressDelay, h.cfg.RetryDelay)
+	switch dec.Action {
+	case settle.Done:
 		r.Action = ActionAck
-	case client.OutcomeInProgress:
-		r.Action, r.Delay = ActionRequeue, h.cfg.InProgressDelay
-		if res.Record != nil {
-			r.Delay = min(max(time.Until(res.Record.Expires), 50*time.Millisecond), h.cfg.InProgressDelay)
-		}
-	case client.OutcomeConflict:
-		r.Action = ActionReject
-		r.Err = fmt.Errorf("ID %q was recorded with another payload digest", id)
+	case settle.Drop:
+		r.Action, r.Err = ActionReject, dec.Err
 	default:
-		r.Action, r.Delay = ActionRequeue, h.cfg.RetryDelay
+		r.Action, r.Delay = ActionRequeue, dec.Delay
 	}
 	return r
 }

@@ -47,6 +47,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/integrations/internal/settle"
 	"github.com/dedupnode/dedupnode/integrations/msgid"
 )
 
@@ -528,19 +529,14 @@ func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) Result {
 		return c.cfg.Handler(ctx, rec)
 	}, opts...)
 	r := Result{ID: id, Outcome: res.Outcome, Ran: res.Ran, Err: err}
-	switch res.Outcome {
-	case client.OutcomeProcessed, client.OutcomeDuplicate:
+	dec := settle.Decide(res, id, c.cfg.InProgressDelay, c.cfg.RetryDelay)
+	switch dec.Action {
+	case settle.Done:
 		r.Action = ActionCommit
-	case client.OutcomeInProgress:
-		r.Action, r.Delay = ActionRetry, c.cfg.InProgressDelay
-		if res.Record != nil {
-			r.Delay = min(max(time.Until(res.Record.Expires), 50*time.Millisecond), c.cfg.InProgressDelay)
-		}
-	case client.OutcomeConflict:
-		r.Action = ActionSkip
-		r.Err = fmt.Errorf("ID %q was recorded with another payload digest", id)
+	case settle.Drop:
+		r.Action, r.Err = ActionSkip, dec.Err
 	default:
-		r.Action, r.Delay = ActionRetry, c.cfg.RetryDelay
+		r.Action, r.Delay = ActionRetry, dec.Delay
 	}
 	return r
 }

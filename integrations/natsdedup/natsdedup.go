@@ -37,6 +37,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/integrations/internal/settle"
 	"github.com/dedupnode/dedupnode/integrations/msgid"
 )
 
@@ -243,19 +244,14 @@ func (h *Handler) handle(ctx context.Context, msg jetstream.Msg) Result {
 		return h.cfg.Handler(ctx, msg)
 	}, opts...)
 	r := Result{ID: id, Outcome: res.Outcome, Ran: res.Ran, Err: err}
-	switch res.Outcome {
-	case client.OutcomeProcessed, client.OutcomeDuplicate:
+	dec := settle.Decide(res, id, h.cfg.InProgressDelay, h.cfg.RetryDelay)
+	switch dec.Action {
+	case settle.Done:
 		r.Action = ActionAck
-	case client.OutcomeInProgress:
-		r.Action, r.Delay = ActionNak, h.cfg.InProgressDelay
-		if res.Record != nil {
-			r.Delay = min(max(time.Until(res.Record.Expires), 50*time.Millisecond), h.cfg.InProgressDelay)
-		}
-	case client.OutcomeConflict:
-		r.Action = ActionTerm
-		r.Err = fmt.Errorf("ID %q was recorded with another payload digest", id)
+	case settle.Drop:
+		r.Action, r.Err = ActionTerm, dec.Err
 	default:
-		r.Action, r.Delay = ActionNak, h.cfg.RetryDelay
+		r.Action, r.Delay = ActionNak, dec.Delay
 	}
 	return r
 }
