@@ -336,7 +336,14 @@ func TestDiskFull_RefusesWritesThenResumes(t *testing.T) {
 		}
 		return nil
 	}
-	if err := waitUntil(ctx, 10*time.Second, notServing); err != nil {
+	// Hold the disk low while the reports are read: a Pebble compaction or
+	// a recycled WAL file can hand back a few MiB after the refusal, which
+	// rightly ends it (writes resume by themselves) and would race the
+	// checks below on a loaded machine.
+	if free := freeBytes(t, fs); free > minFree/2 {
+		fillFile(t, ballast, free-minFree/2)
+	}
+	if err := waitUntil(ctx, 30*time.Second, notServing); err != nil {
 		t.Fatalf("while the disk is low: %v", err)
 	}
 
