@@ -49,8 +49,10 @@ type Config struct {
 	Timeout        time.Duration // per call
 	Conns          int           // gRPC connections per address
 	Preload        int           // check-hit: IDs marked before measuring
-	// Target "leader" (default) sends writes to the leader that Admin.Status
-	// names, as the client package does; "any" spreads them over Addrs.
+	// Target "leader" (default) sends writes and linearizable checks to the
+	// leader that Admin.Status names, as the client package does; "any"
+	// spreads them over Addrs (a follower then asks the leader for a read
+	// index per round of checks). Stale checks always spread.
 	Target string
 	// CreateNamespace creates Namespace (TTL as default, >= TTL as max)
 	// when the cluster does not know it.
@@ -158,6 +160,11 @@ func (c *Config) consistency() dedupv1.Consistency {
 }
 
 func (c *Config) isWrite() bool { return c.Workload != CheckHit && c.Workload != CheckMiss }
+
+// toLeader reports whether the client package would send this workload's
+// calls to the leader: writes and linearizable checks (stale checks go to
+// any node).
+func (c *Config) toLeader() bool { return c.isWrite() || c.Consistency != "stale" }
 
 // conns is a set of gRPC connections handed to workers round robin, with
 // a client.Pipeline on each for the stream transport.
@@ -323,14 +330,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	addrs := cfg.Addrs
 	note := ""
-	if cfg.Target == "leader" && cfg.isWrite() {
+	if cfg.Target == "leader" && cfg.toLeader() {
 		if leader, err := findLeader(ctx, cfg.Addrs, 5*time.Second); err == nil {
 			addrs = []string{leader}
 			if len(cfg.Addrs) > 1 {
-				note = "writes sent to the leader " + leader
+				note = "calls sent to the leader " + leader
 			}
 		} else if status.Code(err) != codes.Unimplemented {
-			note = "leader unknown (" + err.Error() + "); writes spread over all addresses"
+			note = "leader unknown (" + err.Error() + "); calls spread over all addresses"
 		}
 	}
 	cs, err := dial(addrs, cfg.Conns)

@@ -35,7 +35,7 @@ func dedupnodeSystem(nodes int, store string, quick, full []Case) system {
 		Kind:  "dedupnode",
 		Nodes: nodes,
 		Detail: "the dedupnode binary, one `serve` process per node (or one `dev` process with --dedupnode-mode dev), " +
-			"--raft-log-store " + store + "; the bench package's gRPC workloads: Mark (writes to the leader), Check linearizable",
+			"--raft-log-store " + store + "; the bench package's gRPC workloads: Mark and Check linearizable, sent to the leader as the Go client sends them",
 		Start: func(ctx context.Context, e *env) (Instance, error) { return startDedupnode(ctx, e, nodes, store, key) },
 		Quick: quick,
 		Full:  full,
@@ -212,7 +212,7 @@ func (d *dedupInst) Run(ctx context.Context, c Case, rc runCfg) (*bench.Result, 
 	}
 	res.System = d.sys
 	// where writes went is said once, in the system's description
-	if strings.HasPrefix(res.Note, "writes sent to the leader") {
+	if strings.HasPrefix(res.Note, "calls sent to the leader") {
 		_, rest, _ := strings.Cut(res.Note, "; ")
 		res.Note = rest
 	}

@@ -147,7 +147,7 @@ func newBenchCmd() *cobra.Command {
 	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "deadline of one call (`DURATION`)")
 	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections per address (`N`)")
 	fs.IntVar(&cfg.Preload, "preload", 100000, "check-hit: IDs marked before measuring (`N`)")
-	fs.StringVar(&cfg.Target, "target", "leader", "`TARGET` of writes: leader (as the client package does) or any (any of --addr)")
+	fs.StringVar(&cfg.Target, "target", "leader", "`TARGET` of writes and linearizable checks: leader (as the client package does) or any (any of --addr; stale checks always go to any)")
 	fs.BoolVar(&cfg.CreateNamespace, "create-namespace", true, "create --namespace when the cluster does not know it")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (a table) or json (one object)")
 	fs.BoolVar(&cfg.Coalesce, "coalesce", false, "send every ID as its own call through the Go client's Batcher, which merges concurrent calls into few RPCs (mark-new, mark-mixed, check-hit, check-miss)")
