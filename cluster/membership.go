@@ -104,6 +104,51 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 	return nil
 }
 
+// Promote makes the non-voter id a voter at once (the leadership loop
+// does it by itself once the node has caught up), then proposes a command
+// so the commit index rests on an entry the FSM applies (see Join): the
+// node's client address when the node table has it, else a tick. Leader
+// only; promoting a voter only proposes that command.
+//
+// Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
+// error, or a raft error.
+func (n *Node) Promote(ctx context.Context, id string) error {
+	if err := n.WaitReady(ctx); err != nil {
+		return err
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return n.mapConfigError(err)
+	}
+	var srv *raft.Server
+	for _, m := range cf.Configuration().Servers {
+		if string(m.ID) == id {
+			srv = &m
+		}
+	}
+	if srv == nil {
+		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
+	}
+	if srv.Suffrage != raft.Voter {
+		if err := waitFuture(ctx, n.raft.AddVoter(srv.ID, srv.Address, 0, membershipTimeout)); err != nil {
+			if mapped := n.mapConfigError(err); mapped != err {
+				return mapped // not the leader, or shutting down
+			}
+			return fmt.Errorf("promote %s: %w", id, err)
+		}
+		n.log.Info("promoted to voter", "peer", id)
+	}
+	op := fsm.Op{Kind: fsm.OpTick}
+	if addr := n.fsm.Nodes()[id]; addr != "" {
+		op = fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: id, GRPCAddr: addr}}
+	}
+	res, err := n.Propose(ctx, []fsm.Op{op})
+	if err != nil {
+		return err
+	}
+	return res[0].Err
+}
+
 // TransferLeadership hands leadership to the voter id ("" lets Raft pick
 // the most up-to-date voter) and waits (bounded by ctx) until a new leader
 // is known. Leader only. Returns the new leader's ID; naming the leader

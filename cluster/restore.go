@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -91,22 +89,23 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 		return res, fmt.Errorf("create raft dir: %w", err)
 	}
 
-	hdr := make([]byte, 24)
 	br := bufio.NewReaderSize(backup, 1<<20)
-	if _, err := io.ReadFull(br, hdr); err != nil {
+	raw, err := br.Peek(fsm.SnapshotHeaderLen)
+	if err != nil {
 		return res, fmt.Errorf("read backup header: %w", err)
 	}
-	if string(hdr[:8]) != "DDNSNAP1" {
-		return res, fmt.Errorf("not a dedupnode backup (magic %q): %w", hdr[:8], fsm.ErrBadSnapshot)
+	hdr, err := fsm.ParseSnapshotHeader(raw)
+	if err != nil {
+		return res, fmt.Errorf("not a dedupnode backup: %w", err)
 	}
-	index, term := binary.BigEndian.Uint64(hdr[8:16]), binary.BigEndian.Uint64(hdr[16:24])
+	index, term := hdr.Index, hdr.Term
 	res.Index, res.Term = index, term
 
 	f, err := fsm.New(fsm.Config{Dir: filepath.Join(dataDir, "fsm"), Logger: logger})
 	if err != nil {
 		return res, fmt.Errorf("open fsm: %w", err)
 	}
-	if err := f.Restore(io.NopCloser(io.MultiReader(bytes.NewReader(hdr), br))); err != nil {
+	if err := f.Restore(io.NopCloser(br)); err != nil {
 		f.Close()
 		return res, err
 	}

@@ -86,3 +86,56 @@ func TestWholeStateReadersDuringRestore(t *testing.T) {
 	}
 	t.Logf("%d whole-state reads served, %d refused during 5 restores", served.Load(), refused.Load())
 }
+
+// WalkSnapshot and ParseSnapshotHeader read what Snapshot writes: the
+// header's index and term, and every key Restore would load; a stream that
+// is not a snapshot is refused with ErrBadSnapshot.
+func TestWalkSnapshotReadsWhatSnapshotWrites(t *testing.T) {
+	h := newHarness(t)
+	for i := range 500 {
+		h.mark(t0, fmt.Sprint("w", i), 60_000)
+	}
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stream bytes.Buffer
+	if err := snap.(*snapshot).writeStream(&stream); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	hdr, err := ParseSnapshotHeader(stream.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hdr.Index != h.f.AppliedIndex() || hdr.Index == 0 {
+		t.Fatalf("header index %d, applied %d", hdr.Index, h.f.AppliedIndex())
+	}
+	var keys int
+	walked, err := WalkSnapshot(bytes.NewReader(stream.Bytes()), func(k, v []byte) error {
+		keys++
+		return nil
+	})
+	if err != nil || walked != hdr {
+		t.Fatalf("walk: header %+v, err %v; want %+v", walked, err, hdr)
+	}
+	d, err := h.f.DigestState(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(keys) != d.Keys {
+		t.Fatalf("walked %d keys, the state has %d", keys, d.Keys)
+	}
+	stop := errors.New("stop")
+	if _, err := WalkSnapshot(bytes.NewReader(stream.Bytes()), func(k, v []byte) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("fn's error: got %v", err)
+	}
+	for _, bad := range [][]byte{[]byte("short"), append([]byte("NOTSNAP!"), make([]byte, 16)...)} {
+		if _, err := ParseSnapshotHeader(bad); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("ParseSnapshotHeader(%q): %v, want ErrBadSnapshot", bad, err)
+		}
+		if _, err := WalkSnapshot(bytes.NewReader(bad), func(k, v []byte) error { return nil }); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("WalkSnapshot(%q): %v, want ErrBadSnapshot", bad, err)
+		}
+	}
+}

@@ -112,7 +112,7 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 func (s *snapshot) writeStream(w io.Writer) error {
 	h := sha256.New()
 	bw := bufio.NewWriterSize(io.MultiWriter(w, h), 1<<20)
-	var hdr [24]byte
+	var hdr [SnapshotHeaderLen]byte
 	copy(hdr[:8], snapshotMagic)
 	binary.BigEndian.PutUint64(hdr[8:], s.index)
 	binary.BigEndian.PutUint64(hdr[16:], s.term)
@@ -194,17 +194,105 @@ func (r *hashingReader) ReadByte() (byte, error) {
 	return b, err
 }
 
+// SnapshotHeaderLen is the length of a snapshot stream's header (magic,
+// applied index, applied term).
+const SnapshotHeaderLen = 24
+
+// SnapshotHeader is what a snapshot stream (a backup) starts with: the
+// Raft index and term of the state it holds.
+type SnapshotHeader struct {
+	Index, Term uint64
+}
+
+// ParseSnapshotHeader reads the header from the first SnapshotHeaderLen
+// bytes of a snapshot stream. Errors wrap ErrBadSnapshot. Other packages
+// read the format only through this, WalkSnapshot and Restore.
+func ParseSnapshotHeader(b []byte) (SnapshotHeader, error) {
+	if len(b) < SnapshotHeaderLen {
+		return SnapshotHeader{}, fmt.Errorf("%w: header of %d bytes", ErrBadSnapshot, len(b))
+	}
+	if string(b[:8]) != snapshotMagic {
+		return SnapshotHeader{}, fmt.Errorf("%w: magic %q", ErrBadSnapshot, b[:8])
+	}
+	return SnapshotHeader{Index: binary.BigEndian.Uint64(b[8:16]), Term: binary.BigEndian.Uint64(b[16:24])}, nil
+}
+
+// WalkSnapshot reads a snapshot stream from r and calls fn with every key
+// and value (both valid only during the call), stopping at fn's first
+// error. It returns the stream's header. It does not read the trailing
+// entry count and checksum (Restore verifies them): it is meant for
+// streams this process just took from its own FSM (Snapshot, Persist).
+// Errors about the stream wrap ErrBadSnapshot.
+func WalkSnapshot(r io.Reader, fn func(key, value []byte) error) (SnapshotHeader, error) {
+	br, ok := r.(entryReader)
+	if !ok {
+		br = bufio.NewReaderSize(r, 1<<20)
+	}
+	var hdr [SnapshotHeaderLen]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return SnapshotHeader{}, fmt.Errorf("%w: header: %v", ErrBadSnapshot, err)
+	}
+	h, err := ParseSnapshotHeader(hdr[:])
+	if err != nil {
+		return h, err
+	}
+	_, err = readEntries(br, fn)
+	return h, err
+}
+
+// entryReader is what readEntries reads from.
+type entryReader interface {
+	io.Reader
+	io.ByteReader
+}
+
+// readEntries reads the entries of a snapshot stream up to and including
+// the end marker, calling fn with each key and value (valid only during the
+// call), and returns how many it read.
+func readEntries(r entryReader, fn func(key, value []byte) error) (uint64, error) {
+	var n uint64
+	var k, v []byte
+	for {
+		kl, err := binary.ReadUvarint(r)
+		if err != nil {
+			return n, fmt.Errorf("%w: entry %d: %v", ErrBadSnapshot, n, err)
+		}
+		if kl == 0 {
+			return n, nil
+		}
+		if kl > 1<<20 {
+			return n, fmt.Errorf("%w: key length %d", ErrBadSnapshot, kl)
+		}
+		k = grow(k, int(kl))
+		if _, err := io.ReadFull(r, k); err != nil {
+			return n, fmt.Errorf("%w: entry %d key: %v", ErrBadSnapshot, n, err)
+		}
+		vl, err := binary.ReadUvarint(r)
+		if err != nil || vl > 1<<24 {
+			return n, fmt.Errorf("%w: entry %d value length", ErrBadSnapshot, n)
+		}
+		v = grow(v, int(vl))
+		if _, err := io.ReadFull(r, v); err != nil {
+			return n, fmt.Errorf("%w: entry %d value: %v", ErrBadSnapshot, n, err)
+		}
+		if err := fn(k, v); err != nil {
+			return n, err
+		}
+		n++
+	}
+}
+
 func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
 	hr := &hashingReader{r: bufio.NewReaderSize(rc, 1<<20), h: sha256.New()}
-	var hdr [24]byte
+	var hdr [SnapshotHeaderLen]byte
 	if _, err := io.ReadFull(hr, hdr[:]); err != nil {
 		return 0, fmt.Errorf("%w: header: %v", ErrBadSnapshot, err)
 	}
-	if string(hdr[:8]) != snapshotMagic {
-		return 0, fmt.Errorf("%w: magic %q", ErrBadSnapshot, hdr[:8])
+	h, err := ParseSnapshotHeader(hdr[:])
+	if err != nil {
+		return 0, err
 	}
-	index := binary.BigEndian.Uint64(hdr[8:])
-	term := binary.BigEndian.Uint64(hdr[16:])
+	index, term := h.Index, h.Term
 	db, err := storage.Open(dir, f.storageOptions())
 	if err != nil {
 		return 0, err
@@ -212,50 +300,29 @@ func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
 	defer db.Close()
 	b := db.NewBatch()
 	defer func() { b.Close() }()
-	var n uint64
-	var k, v []byte
 	var sawApplied bool
-	for {
-		kl, err := binary.ReadUvarint(hr)
-		if err != nil {
-			return 0, fmt.Errorf("%w: entry %d: %v", ErrBadSnapshot, n, err)
-		}
-		if kl == 0 {
-			break
-		}
-		if kl > 1<<20 {
-			return 0, fmt.Errorf("%w: key length %d", ErrBadSnapshot, kl)
-		}
-		k = grow(k, int(kl))
-		if _, err := io.ReadFull(hr, k); err != nil {
-			return 0, fmt.Errorf("%w: entry %d key: %v", ErrBadSnapshot, n, err)
-		}
-		vl, err := binary.ReadUvarint(hr)
-		if err != nil || vl > 1<<24 {
-			return 0, fmt.Errorf("%w: entry %d value length", ErrBadSnapshot, n)
-		}
-		v = grow(v, int(vl))
-		if _, err := io.ReadFull(hr, v); err != nil {
-			return 0, fmt.Errorf("%w: entry %d value: %v", ErrBadSnapshot, n, err)
-		}
+	n, err := readEntries(hr, func(k, v []byte) error {
 		if bytes.Equal(k, storage.MetaKey(metaApplied)) {
 			ai, at, err := decodeApplied(v)
 			if err != nil || ai != index || at != term {
-				return 0, fmt.Errorf("%w: applied index in data (%d/%d) differs from header (%d/%d)", ErrBadSnapshot, ai, at, index, term)
+				return fmt.Errorf("%w: applied index in data (%d/%d) differs from header (%d/%d)", ErrBadSnapshot, ai, at, index, term)
 			}
 			sawApplied = true
 		}
 		if err := b.Set(k, v, nil); err != nil {
-			return 0, err
+			return err
 		}
-		n++
 		if b.Len() > 4<<20 {
 			if err := b.Commit(pebble.NoSync); err != nil {
-				return 0, err
+				return err
 			}
 			b.Close()
 			b = db.NewBatch()
 		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	var cnt [8]byte
 	if _, err := io.ReadFull(hr, cnt[:]); err != nil {

@@ -1,20 +1,16 @@
 package server
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
-	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/dedupnode/dedupnode/storage"
 )
@@ -32,7 +28,7 @@ func (o *opsServer) Promote(ctx context.Context, req *dedupv1.PromoteRequest) (*
 	}
 	s := o.s
 	err := s.onLeader(ctx, func(ctx context.Context) error {
-		return s.promote(ctx, req.NodeId)
+		return s.node.Promote(ctx, req.NodeId)
 	}, func(ctx context.Context, cc *grpc.ClientConn) error {
 		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, req)
 		return err
@@ -41,58 +37,6 @@ func (o *opsServer) Promote(ctx context.Context, req *dedupv1.PromoteRequest) (*
 		return nil, toStatus(err)
 	}
 	return &dedupv1.PromoteResponse{}, nil
-}
-
-// promote makes id a voter (leader only), then proposes a command so the
-// commit index rests on an entry the FSM applies (see cluster.Node.Join).
-func (s *Server) promote(ctx context.Context, id string) error {
-	if err := s.node.WaitReady(ctx); err != nil {
-		return err
-	}
-	r := s.node.Raft()
-	cf := r.GetConfiguration()
-	if err := cf.Error(); err != nil {
-		return err
-	}
-	var srv *raft.Server
-	for _, m := range cf.Configuration().Servers {
-		if string(m.ID) == id {
-			srv = &m
-		}
-	}
-	if srv == nil {
-		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
-	}
-	if srv.Suffrage != raft.Voter {
-		if err := waitRaft(ctx, r.AddVoter(srv.ID, srv.Address, 0, 10*time.Second)); err != nil {
-			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
-				return &cluster.NotLeaderError{}
-			}
-			return fmt.Errorf("promote %s: %w", id, err)
-		}
-		s.log.Info("promoted to voter", "peer", id)
-	}
-	addr := s.node.FSM().Nodes()[id]
-	if addr == "" {
-		_, err := s.node.Propose(ctx, []fsm.Op{{Kind: fsm.OpTick}})
-		return err
-	}
-	res, err := s.node.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: id, GRPCAddr: addr}}})
-	if err != nil {
-		return err
-	}
-	return res[0].Err
-}
-
-func waitRaft(ctx context.Context, f raft.Future) error {
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // backupChunk is the size of one Backup message.
@@ -124,7 +68,7 @@ func (o *opsServer) Backup(_ *dedupv1.BackupRequest, stream grpc.ServerStreaming
 
 // streamSink is a raft.SnapshotSink that sends what is written as
 // BackupChunks; the first carries the snapshot's index and term (read from
-// the stream header: magic(8) | index(8, BE) | term(8, BE)).
+// the stream header with fsm.ParseSnapshotHeader).
 type streamSink struct {
 	stream grpc.ServerStreamingServer[dedupv1.BackupChunk]
 	buf    []byte
@@ -156,9 +100,10 @@ func (k *streamSink) flush() error {
 		return nil
 	}
 	msg := &dedupv1.BackupChunk{Data: k.buf}
-	if !k.sent && len(k.buf) >= 24 {
-		msg.Index = binary.BigEndian.Uint64(k.buf[8:16])
-		msg.Term = binary.BigEndian.Uint64(k.buf[16:24])
+	if !k.sent {
+		if h, err := fsm.ParseSnapshotHeader(k.buf); err == nil {
+			msg.Index, msg.Term = h.Index, h.Term
+		}
 	}
 	if err := k.stream.Send(msg); err != nil {
 		k.err = err
@@ -179,8 +124,7 @@ const exportBatch = 1000
 // Export implements dedupv1.OpsServer: a read barrier, then the live
 // records of one namespace — committed records and live leases, each with
 // its digest, request token and fencing token. It walks a snapshot stream
-// of the FSM (the format in fsm/snapshot.go: header, then uvarint-length-
-// prefixed keys and values) for the namespace's record keys: at most one
+// of the FSM (fsm.WalkSnapshot) for the namespace's record keys: at most one
 // record per ID exists, so each ID is sent once, in the state of one
 // consistent snapshot. The first chunk carries the fencing epoch (sent even
 // when nothing else is); the last counts what was left out as absent
@@ -237,7 +181,7 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 		out = &dedupv1.ExportChunk{}
 		return nil
 	}
-	err = walkSnapshot(bufio.NewReaderSize(pr, 1<<20), func(key, value []byte) error {
+	_, err = fsm.WalkSnapshot(pr, func(key, value []byte) error {
 		nsID, _, id, ok := storage.ParseRecordKey(key)
 		if !ok || nsID != ns.ID {
 			return nil
@@ -307,50 +251,6 @@ type pipeSink struct{ *io.PipeWriter }
 func (p *pipeSink) ID() string    { return "export" }
 func (p *pipeSink) Cancel() error { return nil }
 func (p *pipeSink) Close() error  { return nil } // closed by the caller with Persist's error
-
-// walkSnapshot calls fn with every key and value of an FSM snapshot stream
-// (both valid only during the call). The trailing count and checksum are not verified: the
-// stream comes straight from this node's own Pebble snapshot.
-func walkSnapshot(r *bufio.Reader, fn func(key, value []byte) error) error {
-	var hdr [24]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return fmt.Errorf("snapshot header: %w", err)
-	}
-	var key, val []byte
-	for {
-		kl, err := binary.ReadUvarint(r)
-		if err != nil {
-			return fmt.Errorf("snapshot entry: %w", err)
-		}
-		if kl == 0 {
-			return nil
-		}
-		if uint64(cap(key)) < kl {
-			key = make([]byte, kl)
-		}
-		key = key[:kl]
-		if _, err := io.ReadFull(r, key); err != nil {
-			return fmt.Errorf("snapshot key: %w", err)
-		}
-		vl, err := binary.ReadUvarint(r)
-		if err != nil {
-			return fmt.Errorf("snapshot value: %w", err)
-		}
-		if vl > 1<<24 {
-			return fmt.Errorf("snapshot value of %d bytes", vl)
-		}
-		if uint64(cap(val)) < vl {
-			val = make([]byte, vl)
-		}
-		val = val[:vl]
-		if _, err := io.ReadFull(r, val); err != nil {
-			return fmt.Errorf("snapshot value: %w", err)
-		}
-		if err := fn(key, val); err != nil {
-			return err
-		}
-	}
-}
 
 // Digest implements dedupv1.OpsServer: this node's state digest with the
 // applied index it covers (fsm.DigestState), from its own state — no
