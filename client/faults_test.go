@@ -6,7 +6,7 @@ package client_test
 // to the node and can fail them before or after the real handler runs.
 // Nothing here answers in a node's place: every reply that reaches a client
 // was produced by the real server (or is a transport error the test
-// injected on purpose). demo.StartCluster has no ServerOptions hook, hence
+// injected on purpose). testcluster.Demo has no ServerOptions hook, hence
 // startNodes (on testcluster.Start).
 
 import (

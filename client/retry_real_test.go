@@ -14,7 +14,7 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
@@ -22,7 +22,7 @@ import (
 // reach the real leader and be applied, then kills that node before the
 // client sees the reply, and hands the client Unavailable instead: the
 // leader died between apply and reply.
-func killAfterApply(t *testing.T, c *demo.Cluster, method string, fired *atomic.Bool) grpc.DialOption {
+func killAfterApply(t *testing.T, c *devcluster.Cluster, method string, fired *atomic.Bool) grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, m, req, reply, cc, opts...)
 		if m != method || err != nil || fired.Load() {

@@ -1,5 +1,5 @@
 // Package demo runs dedupnode's end-to-end demonstration: a local
-// in-process cluster (Cluster), an embedded broker (Broker: NATS
+// in-process cluster (internal/devcluster), an embedded broker (Broker: NATS
 // JetStream by default, Kafka through an in-process kfake cluster,
 // RabbitMQ through a rabbitmq-server started for the run), a
 // producer that publishes events with realistic duplicates (producer

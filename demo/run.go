@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 )
 
 // Config configures a demo run. Zero values take the defaults listed.
@@ -207,7 +208,7 @@ type demoRun struct {
 	log    *slog.Logger
 	ns     string
 	addrs  []string
-	cl     *Cluster
+	cl     *devcluster.Cluster
 	broker Broker
 	ledger *Ledger
 
@@ -247,7 +248,8 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 	// The dedupnode cluster.
 	sum.Cluster = strings.Join(cfg.Addrs, ",")
 	if len(cfg.Addrs) == 0 {
-		r.cl, err = StartCluster(ctx, ClusterConfig{Nodes: cfg.Nodes, Dir: filepath.Join(dir, "cluster"), Logger: cfg.NodeLogger})
+		r.cl, err = devcluster.Start(ctx, devcluster.Config{Nodes: cfg.Nodes, Dir: filepath.Join(dir, "cluster"), Logger: cfg.NodeLogger,
+			ElectionTimeout: devcluster.FastElection, AutoCreateNamespaces: true})
 		if err != nil {
 			return sum, err
 		}

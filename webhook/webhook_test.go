@@ -13,12 +13,12 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/webhook"
 )
 
-func newBatcher(t *testing.T, cl *demo.Cluster, opts ...client.Option) *client.Batcher {
+func newBatcher(t *testing.T, cl *devcluster.Cluster, opts ...client.Option) *client.Batcher {
 	t.Helper()
 	return testcluster.Batcher(t, cl.Addrs(), opts...)
 }

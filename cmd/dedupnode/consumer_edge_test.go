@@ -19,7 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 // edgeBuffer is a goroutine-safe output buffer.
@@ -101,17 +102,7 @@ func TestDemoAndWebhookUsageErrors(t *testing.T) {
 // cluster: first delivery forwarded, repeats answered as duplicates, Ctrl-C
 // (context cancel) stops it with exit 0.
 func TestWebhookProxyCommand(t *testing.T) {
-	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer ccancel()
-	cl, err := demo.StartCluster(cctx, demo.ClusterConfig{Dir: t.TempDir(), NoAutoCreate: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cl.Close(ctx)
-	})
+	cl := testcluster.New(t, devcluster.Config{Nodes: 3})
 	var mu sync.Mutex
 	hits := 0
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

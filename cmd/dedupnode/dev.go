@@ -12,12 +12,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/server"
 	"github.com/spf13/cobra"
 )
@@ -29,6 +28,8 @@ const (
 	devRaftOffset      = 100
 	devMaxNodes        = 9
 	devPortsFile       = "dev-ports.json"
+	// devStartWithin bounds the nodes' start and the first election.
+	devStartWithin = 60 * time.Second
 )
 
 type devFlags struct {
@@ -96,13 +97,10 @@ func newDevCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// devNode is one node's addresses.
+// devNode is one node's addresses, with its admin HTTP address this run.
 type devNode struct {
-	ID   string `json:"id"`
-	GRPC string `json:"grpc"`
-	Raft string `json:"raft"`
-	// Admin is the admin HTTP address this run (not kept in dev-ports.json).
-	Admin string `json:"-"`
+	devcluster.Node
+	Admin string
 }
 
 // devAdminAddrs spreads --admin-addr HOST:PORT over n nodes: PORT+i, or
@@ -177,98 +175,54 @@ func runDev(e *env, f *devFlags) (err error) {
 		return &opError{err: err, hint: "pass a --data-dir you can write to"}
 	}
 
-	nodes, lns, err := devLayout(dir, f.nodes, f.basePort)
+	addrs, err := devLayout(dir, f.nodes, f.basePort)
 	if err != nil {
 		return err
 	}
-	peers := make([]cluster.Peer, len(nodes))
-	for i, n := range nodes {
-		peers[i] = cluster.Peer{ID: n.ID, RaftAddr: n.Raft, GRPCAddr: n.GRPC}
-	}
-
-	// Start every node at once: with a static peer list each waits for the
-	// others to elect a leader.
-	servers := make([]*server.Server, len(nodes))
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := server.Config{
-				Cluster: cluster.Config{
-					NodeID:   n.ID,
-					DataDir:  filepath.Join(dir, n.ID),
-					RaftAddr: n.Raft,
-					GRPCAddr: n.GRPC,
-					Peers:    peers,
-					Logger:   logger.With("node", n.ID),
-					LogStore: logStore,
-				},
-				ListenAddr:           n.GRPC,
-				AutoCreateNamespaces: true,
-				MaxBatch:             f.maxBatch,
-				Version:              version,
-			}
+	// Every node starts at once: with a static peer list each waits for
+	// the others to elect a leader.
+	sctx, cancel := context.WithTimeout(e.ctx, devStartWithin)
+	defer cancel()
+	c, err := devcluster.Start(sctx, devcluster.Config{
+		Nodes:                f.nodes,
+		Dir:                  dir,
+		Addrs:                addrs,
+		Logger:               logger,
+		LogStore:             logStore,
+		AutoCreateNamespaces: true,
+		Tune: func(i int, cfg *server.Config) {
+			cfg.MaxBatch, cfg.Version = f.maxBatch, version
 			if adminAddrs != nil {
 				cfg.AdminAddr = adminAddrs[i]
 			}
-			if lns != nil { // ports taken from the OS: hand over the bound sockets
-				cfg.Listener, cfg.Cluster.RaftListener = lns[2*i], lns[2*i+1]
-			}
-			servers[i], errs[i] = server.Start(e.ctx, cfg)
-		}()
-	}
-	wg.Wait()
-	defer func() {
-		stopServers(servers, logger)
-		if e.ctx.Err() != nil {
-			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
-		}
-	}()
-	if err := errors.Join(errs...); err != nil {
-		// One line: the first node's error (the others are usually alike).
-		var first error
-		failed := 0
-		for _, e := range errs {
-			if e != nil {
-				failed++
-				if first == nil {
-					first = e
-				}
-			}
-		}
-		err = fmt.Errorf("start dev cluster: %w", first)
-		if failed > 1 {
-			err = fmt.Errorf("%w (%d of %d nodes failed to start)", err, failed, len(errs))
-		}
-		hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
-		switch {
-		case errors.Is(first, syscall.EADDRINUSE):
-		case f.dataDir != "":
-			hint = "is another 'dedupnode dev' using --data-dir " + f.dataDir + "? stop it or pick another --data-dir; else re-run with --log-level info to see why"
-		default:
-			hint = "re-run with --log-level info to see why"
-		}
-		return &opError{err: err, hint: hint}
-	}
-
-	addrs := make([]string, len(nodes))
-	for i, n := range nodes {
-		addrs[i] = n.GRPC
-	}
-	leader, err := waitLeader(e.ctx, addrs, 30*time.Second)
+		},
+	})
 	if err != nil {
 		if e.ctx.Err() != nil {
 			return nil
 		}
-		return &opError{err: fmt.Errorf("dev cluster elected no leader within 30s: %w", err), hint: "re-run with --log-level info to see why"}
+		return devStartError(err, f)
 	}
-	if adminAddrs != nil {
-		for i, s := range servers {
-			nodes[i].Admin = s.AdminAddr()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.Close(ctx); err != nil {
+			logger.Warn("dev: node shutdown", "err", err)
+		}
+		if e.ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
+		}
+	}()
+	if addrs == nil { // free ports from the OS: keep them for the next run
+		if err := saveDevPorts(dir, c.Nodes()); err != nil {
+			return err
 		}
 	}
+	nodes := make([]devNode, c.Size())
+	for i, n := range c.Nodes() {
+		nodes[i] = devNode{Node: n, Admin: c.Server(i).AdminAddr()}
+	}
+	leader := c.NodeID(c.Leader())
 	printDev(e.stdout, e.progName, dir, temp, nodes, leader)
 
 	<-e.ctx.Done()
@@ -281,118 +235,67 @@ func runDev(e *env, f *devFlags) (err error) {
 	return nil
 }
 
-// devLayout returns the nodes' addresses: fixed from basePort, or free ports
-// from the OS kept in dir/dev-ports.json for the next run. For ports newly
-// taken from the OS it also returns the bound listeners, gRPC and Raft for
-// each node in turn, so that no other process can take them meanwhile.
-func devLayout(dir string, n, basePort int) (_ []devNode, lns []net.Listener, err error) {
-	nodes := make([]devNode, n)
+// devStartError explains why the cluster did not start: one line (the
+// first node's error, the others are usually alike) and a hint.
+func devStartError(err error, f *devFlags) error {
+	var se *devcluster.StartError
+	if !errors.As(err, &se) {
+		return &opError{err: fmt.Errorf("dev cluster elected no leader within %v: %w", devStartWithin, err), hint: "re-run with --log-level info to see why"}
+	}
+	first, failed := se.First()
+	err = fmt.Errorf("start dev cluster: %w", first)
+	if failed > 1 {
+		err = fmt.Errorf("%w (%d of %d nodes failed to start)", err, failed, len(se.Errs))
+	}
+	hint := "another process may hold these ports: pick others with --base-port P, or --base-port 0 for any free ones"
+	switch {
+	case errors.Is(first, syscall.EADDRINUSE):
+	case f.dataDir != "":
+		hint = "is another 'dedupnode dev' using --data-dir " + f.dataDir + "? stop it or pick another --data-dir; else re-run with --log-level info to see why"
+	default:
+		hint = "re-run with --log-level info to see why"
+	}
+	return &opError{err: err, hint: hint}
+}
+
+// devLayout returns the nodes' addresses: fixed from basePort, or the free
+// ports of an earlier run kept in dir/dev-ports.json; nil when the OS is to
+// pick free ports (saveDevPorts keeps them then).
+func devLayout(dir string, n, basePort int) ([]devcluster.Node, error) {
 	if basePort != 0 {
+		nodes := make([]devcluster.Node, n)
 		for i := range nodes {
-			nodes[i] = devNode{
+			nodes[i] = devcluster.Node{
 				ID:   "n" + strconv.Itoa(i+1),
 				GRPC: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+i)),
 				Raft: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+devRaftOffset+i)),
 			}
 		}
-		return nodes, nil, nil
+		return nodes, nil
 	}
 	path := filepath.Join(dir, devPortsFile)
-	if b, err := os.ReadFile(path); err == nil {
-		var saved []devNode
-		if err := json.Unmarshal(b, &saved); err != nil {
-			return nil, nil, &opError{err: fmt.Errorf("read %s: %w", path, err), hint: "delete it, or use a fresh --data-dir"}
-		}
-		if len(saved) != n {
-			return nil, nil, usagef("%s holds a %d-node cluster: pass --nodes %d, or use a fresh --data-dir", dir, len(saved), len(saved))
-		}
-		return saved, nil, nil
-	}
-	defer func() {
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-		}
-	}()
-	free := func() (string, error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		lns = append(lns, l)
-		return l.Addr().String(), nil
-	}
-	for i := range nodes {
-		g, err := free()
-		if err != nil {
-			return nil, nil, &opError{err: err, hint: "check the loopback interface"}
-		}
-		r, err := free()
-		if err != nil {
-			return nil, nil, &opError{err: err, hint: "check the loopback interface"}
-		}
-		nodes[i] = devNode{ID: "n" + strconv.Itoa(i+1), GRPC: g, Raft: r}
-	}
-	b, _ := json.MarshalIndent(nodes, "", "  ")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return nil, nil, &opError{err: err, hint: "pass a --data-dir you can write to"}
-	}
-	return nodes, lns, nil
-}
-
-// waitLeader polls Status on addrs until some node names a leader, and
-// returns the leader's node ID.
-func waitLeader(ctx context.Context, addrs []string, within time.Duration) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	c, err := client.New(ctx, addrs, client.WithTimeout(time.Second))
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", err
+		return nil, nil
 	}
-	defer c.Close()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var last error
-	for {
-		for _, a := range addrs {
-			st, err := c.StatusOf(ctx, a)
-			if err != nil {
-				last = err
-				continue
-			}
-			if st.LeaderID != "" {
-				return st.LeaderID, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			if last == nil {
-				last = ctx.Err()
-			}
-			return "", last
-		case <-tick.C:
-		}
+	var saved []devcluster.Node
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return nil, &opError{err: fmt.Errorf("read %s: %w", path, err), hint: "delete it, or use a fresh --data-dir"}
 	}
+	if len(saved) != n {
+		return nil, usagef("%s holds a %d-node cluster: pass --nodes %d, or use a fresh --data-dir", dir, len(saved), len(saved))
+	}
+	return saved, nil
 }
 
-func stopServers(servers []*server.Server, logger *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for _, s := range servers {
-		if s == nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.Close(ctx); err != nil {
-				logger.Warn("dev: node shutdown", "err", err)
-			}
-		}()
+// saveDevPorts keeps the ports the OS gave in dir/dev-ports.json, so a
+// restart with the same --data-dir reuses them.
+func saveDevPorts(dir string, nodes []devcluster.Node) error {
+	b, _ := json.MarshalIndent(nodes, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, devPortsFile), b, 0o644); err != nil {
+		return &opError{err: err, hint: "pass a --data-dir you can write to"}
 	}
-	wg.Wait()
+	return nil
 }
 
 func printDev(w io.Writer, prog, dir string, temp bool, nodes []devNode, leader string) {

@@ -15,11 +15,12 @@ import (
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/natsdedup"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
 type env struct {
-	cluster *demo.Cluster
+	cluster *devcluster.Cluster
 	js      jetstream.JetStream
 	nc      *nats.Conn
 }

@@ -14,12 +14,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/watermilldedup"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
-func newBatcher(t *testing.T, cl *demo.Cluster) *client.Batcher {
+func newBatcher(t *testing.T, cl *devcluster.Cluster) *client.Batcher {
 	t.Helper()
 	return testcluster.Batcher(t, cl.Addrs())
 }

@@ -1,7 +1,8 @@
-// Package testcluster starts real in-process dedupnode nodes for tests:
-// server.Start (real Raft, Pebble and gRPC) on loopback ports from
-// 127.0.0.1:0, closed when the test ends. It imports server, so only
-// tests outside package server (including server_test) may use it.
+// Package testcluster is the tests' side of internal/devcluster: real
+// in-process dedupnode nodes (server.Start: real Raft, Pebble and gRPC) on
+// loopback ports from 127.0.0.1:0, closed when the test ends, plus client
+// helpers. It imports server, so only tests outside package server
+// (including server_test) may use it.
 package testcluster
 
 import (
@@ -9,28 +10,35 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/demo"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/server"
 )
 
 // Election is the Raft election (and heartbeat) timeout of nodes started
-// here: demo.StartCluster's, stable on two loaded cores under -race.
-const Election = 500 * time.Millisecond
+// here (devcluster.FastElection, as the demo's).
+const Election = devcluster.FastElection
 
-// Demo starts a demo.Cluster (three nodes, namespaces created on first
-// use) in a temporary directory and closes it at cleanup.
-func Demo(t testing.TB) *demo.Cluster {
+// Demo starts a cluster as the demo does (three nodes, namespaces created
+// on first use) in a temporary directory and closes it at cleanup.
+func Demo(t testing.TB) *devcluster.Cluster {
 	t.Helper()
+	return New(t, devcluster.Config{Nodes: 3, AutoCreateNamespaces: true})
+}
+
+// New starts cfg (Dir, ElectionTimeout and LogStore set here),
+// waiting until a ready leader is known to every node, and closes it at
+// cleanup.
+func New(t testing.TB, cfg devcluster.Config) *devcluster.Cluster {
+	t.Helper()
+	cfg.Dir, cfg.ElectionTimeout, cfg.LogStore = t.TempDir(), Election, LogStore()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := demo.StartCluster(ctx, demo.ClusterConfig{Dir: t.TempDir()})
+	c, err := devcluster.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,22 +124,9 @@ func LogStore() cluster.LogStore {
 // gRPC on grpcLn, with Election-based Raft timings, and the Raft log
 // store of LogStore.
 func ConfigOn(id, dataDir string, raftLn, grpcLn net.Listener) server.Config {
-	return server.Config{
-		Cluster: cluster.Config{
-			NodeID:             id,
-			DataDir:            dataDir,
-			LogStore:           LogStore(),
-			RaftListener:       raftLn,
-			RaftAddr:           raftLn.Addr().String(),
-			GRPCAddr:           grpcLn.Addr().String(),
-			HeartbeatTimeout:   Election,
-			ElectionTimeout:    Election,
-			LeaderLeaseTimeout: Election / 2,
-			TickInterval:       200 * time.Millisecond,
-			PromoteAfter:       Election,
-		},
-		Listener: grpcLn,
-	}
+	cfg := devcluster.NodeConfig(id, dataDir, raftLn, grpcLn, Election)
+	cfg.Cluster.LogStore = LogStore()
+	return cfg
 }
 
 // Config is ConfigOn with fresh loopback listeners.
@@ -140,78 +135,13 @@ func Config(t testing.TB, id, dataDir string) server.Config {
 	return ConfigOn(id, dataDir, Listen(t), Listen(t))
 }
 
-// Start starts n nodes n1..nN bootstrapped from a static peer list, with
-// Config's settings; tune, if not nil, adjusts node i's config (peers
-// already set) before it starts. It waits until a ready leader is known to
-// every node, returns the servers and the leader's index, and closes every
-// node at cleanup.
+// Start starts n nodes n1..nN (devcluster.Start) with Election-based
+// timings; tune, if not nil, adjusts node i's config (peers already set)
+// before it starts. It waits until a ready leader is known to every node,
+// returns the servers and the leader's index, and closes every node at
+// cleanup.
 func Start(t testing.TB, n int, tune func(i int, cfg *server.Config)) ([]*server.Server, int) {
 	t.Helper()
-	dir := t.TempDir()
-	cfgs := make([]server.Config, n)
-	var peers []cluster.Peer
-	for i := range n {
-		id := fmt.Sprintf("n%d", i+1)
-		cfgs[i] = Config(t, id, filepath.Join(dir, id))
-		peers = append(peers, cluster.Peer{ID: id, RaftAddr: cfgs[i].Cluster.RaftAddr, GRPCAddr: cfgs[i].Cluster.GRPCAddr})
-	}
-	srvs := make([]*server.Server, n)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		for i, s := range srvs {
-			if s == nil {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.Close(ctx); err != nil {
-					t.Logf("close %s: %v", cfgs[i].Cluster.NodeID, err)
-				}
-			}()
-		}
-		wg.Wait()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range cfgs {
-		cfgs[i].Cluster.Peers = peers
-		if tune != nil {
-			tune(i, &cfgs[i])
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			srvs[i], errs[i] = server.Start(ctx, cfgs[i])
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("start %s: %v", cfgs[i].Cluster.NodeID, err)
-		}
-	}
-	leader := -1
-	WaitFor(t, 60*time.Second, "a ready leader known to every node", func() bool {
-		leader = -1
-		for i, s := range srvs {
-			if s.Node().IsLeader() && s.Node().Healthy() {
-				leader = i
-			}
-		}
-		if leader < 0 {
-			return false
-		}
-		for _, s := range srvs {
-			if id, _, _ := s.Node().Leader(); id != cfgs[leader].Cluster.NodeID || !s.Node().Healthy() {
-				return false
-			}
-		}
-		return true
-	})
-	return srvs, leader
+	c := New(t, devcluster.Config{Nodes: n, Tune: tune})
+	return c.Servers(), c.Leader()
 }
