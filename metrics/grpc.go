@@ -94,38 +94,60 @@ func (m *Metrics) observeResponse(op string, req, resp any) {
 		return
 	}
 	ns := nsr.GetNamespace()
-	counts := map[string]int{}
+	// A call's items have few distinct codes: count them in a small
+	// stack slice, naming each code once (no map, no string per item).
+	var buf [8]codeCount
+	counts := buf[:0]
 	switch r := resp.(type) {
 	case *dedupv1.MarkResponse:
 		for _, it := range r.Results {
-			res := strings.ToLower(it.Code.String())
-			counts[res]++
+			counts = countCode(counts, it.Code)
 			if it.Code == dedupv1.MarkResult_DUPLICATE && it.Record != nil {
 				m.ObserveDuplicate(ns, time.UnixMilli(it.Record.FirstSeenUnixMs))
 			}
 		}
 	case *dedupv1.ClaimResponse:
 		for _, it := range r.Results {
-			res := strings.ToLower(it.Code.String())
-			counts[res]++
+			counts = countCode(counts, it.Code)
 			if it.Code == dedupv1.ClaimResult_DUPLICATE && it.Record != nil {
 				m.ObserveDuplicate(ns, time.UnixMilli(it.Record.FirstSeenUnixMs))
 			}
 		}
 	case *dedupv1.CheckResponse:
 		for _, it := range r.Results {
-			counts[strings.ToLower(it.Code.String())]++
+			counts = countCode(counts, it.Code)
 		}
 	case *dedupv1.LeaseResponse:
 		for _, it := range r.Results {
-			counts[strings.ToLower(it.Code.String())]++
+			counts = countCode(counts, it.Code)
 		}
 	case *dedupv1.ForgetResponse:
 		for _, it := range r.Results {
-			counts[strings.ToLower(it.Code.String())]++
+			counts = countCode(counts, it.Code)
 		}
 	}
-	for res, n := range counts {
-		m.ObserveItems(ns, op, res, n)
+	for _, c := range counts {
+		m.ObserveItems(ns, op, c.result, c.n)
 	}
+}
+
+// codeCount is the number of items of one call with one result code.
+type codeCount struct {
+	code   int32
+	result string // the code's name in lower case, the metric's result label
+	n      int
+}
+
+// countCode adds one item with code to counts.
+func countCode[E interface {
+	~int32
+	String() string
+}](counts []codeCount, code E) []codeCount {
+	for i := range counts {
+		if counts[i].code == int32(code) {
+			counts[i].n++
+			return counts
+		}
+	}
+	return append(counts, codeCount{code: int32(code), result: strings.ToLower(code.String()), n: 1})
 }
