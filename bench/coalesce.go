@@ -34,7 +34,7 @@ func checkCoalesce(workload string) error {
 }
 
 func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
-	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout))
+	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout), client.WithMaxStaleness(cfg.MaxStaleness))
 	if err != nil {
 		return nil, err
 	}
@@ -64,8 +64,11 @@ func (co *coalescing) op(cfg Config, gen *IDGen, hits [][]byte) Op {
 	codes := make([]client.Code, cfg.Batch)
 	errs := make([]error, cfg.Batch)
 	cons := client.Linearizable
-	if cfg.Consistency == "stale" {
+	switch cfg.Consistency {
+	case "stale":
 		cons = client.Stale
+	case "bounded":
+		cons = client.Bounded
 	}
 	one := func(ctx context.Context, i int) {
 		var r client.Result

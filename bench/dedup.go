@@ -44,15 +44,18 @@ type Config struct {
 	Count          int64 // IDs to measure, instead of Duration
 	Warmup         time.Duration
 	DuplicateRatio float64 // mark-mixed: share of IDs that repeat an earlier one
-	Consistency    string  // check-*: "linearizable" (default) or "stale"
-	TTL            time.Duration
-	Timeout        time.Duration // per call
-	Conns          int           // gRPC connections per address
-	Preload        int           // check-hit: IDs marked before measuring
+	Consistency    string  // check-*: "linearizable" (default), "stale" or "bounded"
+	// MaxStaleness is the max staleness of consistency "bounded" (required
+	// there, whole milliseconds).
+	MaxStaleness time.Duration
+	TTL          time.Duration
+	Timeout      time.Duration // per call
+	Conns        int           // gRPC connections per address
+	Preload      int           // check-hit: IDs marked before measuring
 	// Target "leader" (default) sends writes and linearizable checks to the
 	// leader that Admin.Status names, as the client package does; "any"
 	// spreads them over Addrs (a follower then asks the leader for a read
-	// index per round of checks). Stale checks always spread.
+	// index per round of checks). Stale and bounded checks always spread.
 	Target string
 	// CreateNamespace creates Namespace (TTL as default, >= TTL as max)
 	// when the cluster does not know it.
@@ -121,9 +124,15 @@ func (c *Config) defaults() error {
 		c.DuplicateRatio = 0.5
 	}
 	switch c.Consistency {
-	case "", "linearizable", "stale":
+	case "", "linearizable", "stale", "bounded":
 	default:
-		return fmt.Errorf("unknown consistency %q (linearizable or stale)", c.Consistency)
+		return fmt.Errorf("unknown consistency %q (linearizable, stale or bounded)", c.Consistency)
+	}
+	switch bounded := c.Consistency == "bounded"; {
+	case bounded && (c.MaxStaleness <= 0 || c.MaxStaleness%time.Millisecond != 0):
+		return fmt.Errorf("max staleness %v: consistency bounded needs a positive whole number of milliseconds, e.g. 5s", c.MaxStaleness)
+	case !bounded && c.MaxStaleness != 0:
+		return fmt.Errorf("max staleness %v: only consistency bounded takes one", c.MaxStaleness)
 	}
 	if c.Consistency == "" {
 		c.Consistency = "linearizable"
@@ -153,8 +162,11 @@ func (c *Config) transport() client.Transport {
 }
 
 func (c *Config) consistency() dedupv1.Consistency {
-	if c.Consistency == "stale" {
+	switch c.Consistency {
+	case "stale":
 		return dedupv1.Consistency_CONSISTENCY_STALE
+	case "bounded":
+		return dedupv1.Consistency_CONSISTENCY_BOUNDED
 	}
 	return dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
 }
@@ -162,9 +174,11 @@ func (c *Config) consistency() dedupv1.Consistency {
 func (c *Config) isWrite() bool { return c.Workload != CheckHit && c.Workload != CheckMiss }
 
 // toLeader reports whether the client package would send this workload's
-// calls to the leader: writes and linearizable checks (stale checks go to
-// any node).
-func (c *Config) toLeader() bool { return c.isWrite() || c.Consistency != "stale" }
+// calls to the leader: writes and linearizable checks (stale and bounded
+// checks go to any node).
+func (c *Config) toLeader() bool {
+	return c.isWrite() || (c.Consistency != "stale" && c.Consistency != "bounded")
+}
 
 // conns is a set of gRPC connections handed to workers round robin, with
 // a client.Pipeline on each for the stream transport.
@@ -506,7 +520,7 @@ func newDedupOp(cfg Config, cl dedupv1.DedupClient, gen *IDGen, hits [][]byte) O
 		items[i] = &dedupv1.MarkItem{}
 	}
 	markReq := &dedupv1.MarkRequest{Namespace: cfg.Namespace, TtlMs: ttl}
-	checkReq := &dedupv1.CheckRequest{Namespace: cfg.Namespace, Consistency: cfg.consistency()}
+	checkReq := &dedupv1.CheckRequest{Namespace: cfg.Namespace, Consistency: cfg.consistency(), MaxStalenessMs: cfg.MaxStaleness.Milliseconds()}
 
 	mark := func(ctx context.Context, n int, t *Tally, dups []bool) (int, int, error) {
 		for i := 0; i < n; i++ {

@@ -5,21 +5,61 @@ import (
 	"fmt"
 	"time"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
 
 // Check reports, for each ID, whether it is recorded and not yet expired:
 // CodeSeen (with its Record) or CodeNotSeen. Read-only. Linearizable goes
 // to the leader and never answers not_seen for an acknowledged Mark; Stale
-// answers from one node alone.
+// answers from one node alone; Bounded from one node alone when it can
+// show it is at most the client's max staleness (WithMaxStaleness) behind,
+// else through the leader's read index.
 //
 // Errors: NotFound (unknown namespace), InvalidArgument (empty or too long
-// ID, batch too large), Unavailable once retries ran out.
+// ID, batch too large, Bounded without WithMaxStaleness), Unavailable once
+// retries ran out.
 func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency) ([]Result, error) {
-	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto()}
+	var maxStaleness time.Duration
+	if consistency == Bounded {
+		if c.opts.maxStaleness == 0 {
+			return nil, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
+				Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d), or call CheckBounded"}
+		}
+		if err := validStaleness(c.opts.maxStaleness); err != nil {
+			return nil, err
+		}
+		maxStaleness = c.opts.maxStaleness
+	}
+	res, _, err := c.check(ctx, namespace, ids, consistency, maxStaleness)
+	return res, err
+}
+
+func validStaleness(d time.Duration) error {
+	if d <= 0 || d%time.Millisecond != 0 {
+		return &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
+			Message: fmt.Sprintf("max staleness %v: want a positive whole number of milliseconds, e.g. 5s", d)}
+	}
+	return nil
+}
+
+// CheckBounded is Check with consistency Bounded and this maxStaleness
+// (a positive whole number of milliseconds), and also says how the node
+// answered: ReadLocal (its own state was fresh enough) or ReadIndex (it
+// fell back to the leader's read index).
+func (c *Client) CheckBounded(ctx context.Context, namespace string, ids [][]byte, maxStaleness time.Duration) ([]Result, ReadPath, error) {
+	if err := validStaleness(maxStaleness); err != nil {
+		return nil, ReadPathUnknown, err
+	}
+	return c.check(ctx, namespace, ids, Bounded, maxStaleness)
+}
+
+func (c *Client) check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
+	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
 	t := toLeader
-	if consistency == Stale {
+	if consistency != Linearizable {
 		t = toAny
 	}
 	var resp *dedupv1.CheckResponse
@@ -28,16 +68,16 @@ func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, cons
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, ReadPathUnknown, err
 	}
 	if err := sameLen("check", len(ids), len(resp.GetResults())); err != nil {
-		return nil, err
+		return nil, ReadPathUnknown, err
 	}
 	out := make([]Result, len(ids))
 	for i, r := range resp.GetResults() {
 		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recordOf(r.GetRecord())}
 	}
-	return out, nil
+	return out, readPathOf(resp.GetReadPath()), nil
 }
 
 // Mark records each ID that is absent (an atomic, replicated test-and-set

@@ -35,6 +35,8 @@ type options struct {
 	retryIf     func(error) bool
 	transport   Transport
 	window      int
+	// maxStaleness is what Check with Bounded accepts (WithMaxStaleness).
+	maxStaleness time.Duration
 }
 
 func defaultOptions() options {
@@ -49,6 +51,16 @@ func defaultOptions() options {
 
 // Option configures a Client.
 type Option func(*options)
+
+// WithMaxStaleness sets the max staleness of Check with consistency
+// Bounded: the contacted node answers from its own state only when it can
+// show it misses no write acknowledged more than d ago, else it asks the
+// leader for a read index. Check with Bounded fails with InvalidArgument
+// unless d is a positive whole number of milliseconds (there is no
+// default: pick what your consumers can tolerate, e.g. 5 s).
+func WithMaxStaleness(d time.Duration) Option {
+	return func(o *options) { o.maxStaleness = d }
+}
 
 // WithTimeout bounds each RPC attempt (not the whole call: that is bounded
 // by the caller's context and WithRetry). d <= 0 leaves attempts bounded by

@@ -170,32 +170,83 @@ const (
 	// Stale answers from the contacted node alone: fastest, but may miss the
 	// last moments of replication.
 	Stale
+	// Bounded answers from the contacted node alone (a read replica in
+	// your region, say) when it can show it misses no write acknowledged
+	// more than the max staleness ago (WithMaxStaleness, or
+	// CheckBounded's argument), else through a read index from the leader
+	// like Linearizable. The node proves it from the leader timestamps in
+	// the log and the cluster's assumed clock offset (--max-clock-offset),
+	// never from its own clock alone.
+	Bounded
 )
 
-// String returns "linearizable" or "stale".
+// String returns "linearizable", "stale" or "bounded".
 func (c Consistency) String() string {
-	if c == Stale {
+	switch c {
+	case Stale:
 		return "stale"
+	case Bounded:
+		return "bounded"
 	}
 	return "linearizable"
 }
 
-// ParseConsistency parses "linearizable" or "stale".
+// ParseConsistency parses "linearizable", "stale" or "bounded".
 func ParseConsistency(s string) (Consistency, error) {
 	switch s {
 	case "linearizable", "":
 		return Linearizable, nil
 	case "stale":
 		return Stale, nil
+	case "bounded":
+		return Bounded, nil
 	}
-	return Linearizable, fmt.Errorf("unknown consistency %q (want linearizable or stale)", s)
+	return Linearizable, fmt.Errorf("unknown consistency %q (want linearizable, stale or bounded)", s)
 }
 
 func (c Consistency) proto() dedupv1.Consistency {
-	if c == Stale {
+	switch c {
+	case Stale:
 		return dedupv1.Consistency_CONSISTENCY_STALE
+	case Bounded:
+		return dedupv1.Consistency_CONSISTENCY_BOUNDED
 	}
 	return dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
+}
+
+// ReadPath says how a node answered a Check.
+type ReadPath uint8
+
+const (
+	// ReadPathUnknown: the node did not say (an older server).
+	ReadPathUnknown ReadPath = iota
+	// ReadLocal: from the contacted node's own state (Stale, or Bounded
+	// with freshness proven).
+	ReadLocal
+	// ReadIndex: after a read index from the leader (Linearizable, or
+	// Bounded falling back).
+	ReadIndex
+)
+
+// String returns "local", "read_index" or "unknown".
+func (p ReadPath) String() string {
+	switch p {
+	case ReadLocal:
+		return "local"
+	case ReadIndex:
+		return "read_index"
+	}
+	return "unknown"
+}
+
+func readPathOf(p dedupv1.ReadPath) ReadPath {
+	switch p {
+	case dedupv1.ReadPath_READ_PATH_LOCAL:
+		return ReadLocal
+	case dedupv1.ReadPath_READ_PATH_READ_INDEX:
+		return ReadIndex
+	}
+	return ReadPathUnknown
 }
 
 // ExpiryMode says whether a duplicate sighting extends a record's expiry.
@@ -259,7 +310,8 @@ type Member struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	GRPCAddr string `json:"grpc_addr"`
-	// Suffrage is "voter" or "nonvoter".
+	// Suffrage is "voter", "nonvoter" (promoted once caught up) or "replica"
+	// (a read replica: promoted only on request).
 	Suffrage string `json:"suffrage"`
 	Leader   bool   `json:"leader"`
 }
@@ -306,6 +358,9 @@ type Status struct {
 	// limit; LogStoreMaxWrite is the longest write since it started.
 	LogStoreStalled  bool          `json:"log_store_stalled"`
 	LogStoreMaxWrite time.Duration `json:"log_store_max_write_ns"`
+	// ReadReplica: the node is a read replica (a non-voter the leader
+	// never promotes; its Member.Suffrage is "replica").
+	ReadReplica bool `json:"read_replica"`
 }
 
 // DiskStatus is a node's data directory filesystem as it last measured it.
@@ -468,6 +523,7 @@ func (n Namespace) proto() *dedupv1.Namespace {
 func statusOf(s *dedupv1.StatusResponse) Status {
 	out := Status{
 		NodeID:            s.GetNodeId(),
+		ReadReplica:       s.GetReadReplica(),
 		State:             s.GetState(),
 		LeaderID:          s.GetLeaderId(),
 		LeaderGRPCAddr:    s.GetLeaderGrpcAddr(),

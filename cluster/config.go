@@ -130,6 +130,13 @@ type Config struct {
 	// TickInterval is how often the leader looks for expired buckets and
 	// non-voters to promote (default 1 s).
 	TickInterval time.Duration
+	// StampInterval is how often a leader with read replicas in its node
+	// table proposes an OpTick when no other entry carried its clock for
+	// that long (default 250 ms), so the last applied leader timestamp
+	// keeps advancing on an idle log and replicas can answer bounded-
+	// staleness reads locally (see DESIGN.md, Read replicas). Negative:
+	// never.
+	StampInterval time.Duration
 	// PromoteAfter is how long a non-voter must have been in the
 	// configuration before promotion is considered (default 2 s).
 	PromoteAfter time.Duration
@@ -184,6 +191,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.TickInterval <= 0 {
 		d.TickInterval = time.Second
+	}
+	if d.StampInterval == 0 {
+		d.StampInterval = 250 * time.Millisecond
 	}
 	if d.PromoteAfter <= 0 {
 		d.PromoteAfter = 2 * time.Second

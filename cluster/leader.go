@@ -88,7 +88,8 @@ func (n *Node) startTerm() func() {
 //     waited for with fsm.WaitApplied on any node.
 //  3. Ready: Propose and ReadIndex are served from now on.
 //  4. Every TickInterval: propose an OpTick if buckets expired, and promote
-//     caught-up non-voters.
+//     caught-up non-voters (read replicas excluded). Every StampInterval:
+//     an OpTick if the log went idle and read replicas exist.
 func (n *Node) leaderTerm(ctx context.Context) {
 	term := n.raft.CurrentTerm()
 	if err := waitFuture(ctx, n.raft.Barrier(0)); err != nil {
@@ -124,14 +125,39 @@ func (n *Node) leaderTerm(ctx context.Context) {
 	nonvoterSince := map[raft.ServerID]time.Time{}
 	t := time.NewTicker(n.cfg.TickInterval)
 	defer t.Stop()
+	var stampC <-chan time.Time
+	if n.cfg.StampInterval > 0 {
+		st := time.NewTicker(n.cfg.StampInterval)
+		defer st.Stop()
+		stampC = st.C
+	}
 	for {
 		select {
 		case <-t.C:
 			n.expireTick(ctx)
 			n.promote(ctx, nonvoterSince)
+		case <-stampC:
+			n.stampTick(ctx)
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// stampTick proposes an OpTick when the cluster has read replicas and no
+// applied entry carries a leader timestamp from the last StampInterval:
+// a replica's proof of freshness for bounded-staleness reads is the
+// timestamp of the last entry it applied, so it must advance on an idle
+// log too (see DESIGN.md, Read replicas). Under load client entries carry
+// the clock and no tick is added.
+func (n *Node) stampTick(ctx context.Context) {
+	if time.Now().UnixMilli()-n.fsm.LastTimestamp() < n.cfg.StampInterval.Milliseconds() || len(n.fsm.Replicas()) == 0 {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := n.proposeInternal(tctx, []fsm.Op{{Kind: fsm.OpTick}}); err != nil && ctx.Err() == nil {
+		n.log.Debug("timestamp tick failed", "err", err)
 	}
 }
 
@@ -166,7 +192,9 @@ func (n *Node) expireTick(ctx context.Context) {
 	}
 }
 
-// promote turns caught-up non-voters into voters. The rule: a non-voter is
+// promote turns caught-up non-voters into voters, except read replicas
+// (fsm.RoleReplica, recorded before the replica entered the
+// configuration). The rule: a non-voter is
 // promoted once it has been in the configuration for at least PromoteAfter
 // (as seen by this leader) and
 //   - with a Progress probe and a known client address: its FSM's applied
@@ -183,9 +211,10 @@ func (n *Node) promote(ctx context.Context, since map[raft.ServerID]time.Time) {
 	}
 	now := time.Now()
 	present := map[raft.ServerID]bool{}
+	replicas := n.fsm.Replicas()
 	for _, s := range cf.Configuration().Servers {
-		if s.Suffrage != raft.Nonvoter {
-			continue
+		if s.Suffrage != raft.Nonvoter || replicas[string(s.ID)] {
+			continue // read replicas are promoted only on request (Promote)
 		}
 		present[s.ID] = true
 		first, ok := since[s.ID]

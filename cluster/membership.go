@@ -16,11 +16,29 @@ const membershipTimeout = 10 * time.Second
 // Join adds a node as a non-voter (the leadership loop promotes it once it
 // has caught up) and records its client address. Leader only. Joining a
 // node that is already a member updates its addresses and keeps its
-// suffrage, so a retried or repeated join is harmless.
+// suffrage (and a read replica's role), so a retried or repeated join is
+// harmless.
 //
 // Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields), ctx's
 // error, or a raft error.
 func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string) error {
+	return n.join(ctx, id, raftAddr, grpcAddr, false)
+}
+
+// JoinReplica adds a node as a read replica: a permanent non-voter that
+// applies the log and answers reads but never votes, never counts toward
+// a commit and is never promoted by the leadership loop (only by
+// Promote). Its role is recorded (fsm.OpSetNodeRole) before it enters the
+// Raft configuration, so a leader elected in between never mistakes it
+// for a non-voter that is catching up. Leader only; repeating it is
+// harmless.
+//
+// Errors: as Join, and fsm.ErrInvalidArgument when id is a voter already.
+func (n *Node) JoinReplica(ctx context.Context, id, raftAddr, grpcAddr string) error {
+	return n.join(ctx, id, raftAddr, grpcAddr, true)
+}
+
+func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica bool) error {
 	if id == "" || raftAddr == "" || grpcAddr == "" {
 		return &fsm.InvalidError{Field: "node_id/raft_addr/grpc_addr", Reason: "all three are required"}
 	}
@@ -36,12 +54,24 @@ func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string) error {
 		if string(s.ID) == id && string(s.Address) == raftAddr {
 			member = true
 		}
+		if replica && string(s.ID) == id && s.Suffrage != raft.Nonvoter {
+			return &fsm.InvalidError{Field: "read_replica", Reason: fmt.Sprintf("node %q is a voter of this cluster; remove it (and wipe its data dir) to rejoin it as a read replica", id)}
+		}
+	}
+	if replica && n.fsm.NodeRole(id) != fsm.RoleReplica {
+		res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNodeRole, Node: fsm.NodeInfo{ID: id, Role: fsm.RoleReplica}}})
+		if err != nil {
+			return err
+		}
+		if err := res[0].Err; err != nil {
+			return err
+		}
 	}
 	if !member {
 		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
 			return n.mapConfigError(err)
 		}
-		n.log.Info("added non-voter", "peer", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr)
+		n.log.Info("added non-voter", "peer", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr, "read_replica", replica)
 	}
 	// Always end with a command, so the commit index rests on an entry the
 	// FSM applies (see leaderTerm).
@@ -105,10 +135,13 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 }
 
 // Promote makes the non-voter id a voter at once (the leadership loop
-// does it by itself once the node has caught up), then proposes a command
-// so the commit index rests on an entry the FSM applies (see Join): the
-// node's client address when the node table has it, else a tick. Leader
-// only; promoting a voter only proposes that command.
+// does it by itself once the node has caught up, except for read
+// replicas), then proposes a command so the commit index rests on an entry
+// the FSM applies (see Join): the node's client address when the node
+// table has it, else a tick. A read replica's role is cleared first, so if
+// the configuration change fails the leadership loop promotes it once it
+// has caught up. Leader only; promoting a voter only proposes that
+// command.
 //
 // Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
 // error, or a raft error.
@@ -128,6 +161,15 @@ func (n *Node) Promote(ctx context.Context, id string) error {
 	}
 	if srv == nil {
 		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
+	}
+	if srv.Suffrage != raft.Voter && n.fsm.NodeRole(id) != fsm.RoleMember {
+		res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNodeRole, Node: fsm.NodeInfo{ID: id, Role: fsm.RoleMember}}})
+		if err != nil {
+			return err
+		}
+		if err := res[0].Err; err != nil {
+			return err
+		}
 	}
 	if srv.Suffrage != raft.Voter {
 		if err := waitFuture(ctx, n.raft.AddVoter(srv.ID, srv.Address, 0, membershipTimeout)); err != nil {

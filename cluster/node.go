@@ -458,7 +458,7 @@ type Member struct {
 	ID       string
 	RaftAddr string
 	GRPCAddr string
-	Suffrage string // "voter" or "nonvoter"
+	Suffrage string // "voter", "nonvoter" (catching up, then promoted) or "replica" (read replica)
 	Leader   bool
 }
 
@@ -506,11 +506,15 @@ func (n *Node) Status() (Status, error) {
 	if err := cf.Error(); err != nil {
 		return s, fmt.Errorf("read raft configuration: %w", err)
 	}
+	replicas := n.fsm.Replicas()
 	for _, srv := range cf.Configuration().Servers {
 		suffrage := "voter"
 		switch srv.Suffrage {
 		case raft.Nonvoter:
 			suffrage = "nonvoter"
+			if replicas[string(srv.ID)] {
+				suffrage = "replica"
+			}
 		case raft.Staging:
 			suffrage = "staging"
 		}

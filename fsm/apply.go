@@ -435,6 +435,22 @@ func (a *applier) op(op *Op) OpResult {
 		}
 		delete(st.nodes, op.Node.ID)
 		must(a.b.Delete(storage.NodeKey(op.Node.ID), nil))
+		if _, ok := st.roles[op.Node.ID]; ok {
+			delete(st.roles, op.Node.ID)
+			must(a.b.Delete(storage.NodeRoleKey(op.Node.ID), nil))
+		}
+		return OpResult{}
+	case OpSetNodeRole:
+		if op.Node.ID == "" {
+			return OpResult{Err: invalid("node.id", "empty")}
+		}
+		if op.Node.Role == RoleMember {
+			delete(st.roles, op.Node.ID)
+			must(a.b.Delete(storage.NodeRoleKey(op.Node.ID), nil))
+			return OpResult{}
+		}
+		st.roles[op.Node.ID] = op.Node.Role
+		must(a.b.Set(storage.NodeRoleKey(op.Node.ID), []byte{byte(op.Node.Role)}, nil))
 		return OpResult{}
 	}
 	name := op.Namespace

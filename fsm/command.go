@@ -32,7 +32,15 @@ const (
 	// import proposes it so that new tokens exceed every token the source
 	// cluster could grant (see DESIGN.md, Fencing epochs).
 	OpRaiseFenceEpoch OpKind = 13
+	// OpSetNodeRole records a node's role (Node.ID, Node.Role): a read
+	// replica is a permanent non-voter the leader never promotes on its
+	// own. The leader proposes it before adding a replica to the Raft
+	// configuration, so no leader ever sees a replica without its role.
+	OpSetNodeRole OpKind = 14
 )
+
+// maxOpKind is the largest OpKind DecodeCommand accepts.
+const maxOpKind = OpSetNodeRole
 
 func (k OpKind) String() string {
 	switch k {
@@ -62,6 +70,8 @@ func (k OpKind) String() string {
 		return "tick"
 	case OpRaiseFenceEpoch:
 		return "raise-fence-epoch"
+	case OpSetNodeRole:
+		return "set-node-role"
 	}
 	return fmt.Sprintf("op(%d)", uint8(k))
 }
@@ -103,6 +113,31 @@ type Op struct {
 type NodeInfo struct {
 	ID       string
 	GRPCAddr string
+	// Role is the node's role (OpSetNodeRole only).
+	Role NodeRole
+}
+
+// NodeRole is what the leader may do with a node's Raft suffrage.
+type NodeRole uint8
+
+// Node roles. The numeric values are part of the Raft log format.
+const (
+	// RoleMember (the default) votes once it has caught up: a non-voter
+	// with this role is promoted automatically.
+	RoleMember NodeRole = 0
+	// RoleReplica is a read replica: a permanent non-voter, promoted only
+	// on an operator's request (which sets RoleMember first).
+	RoleReplica NodeRole = 1
+)
+
+func (r NodeRole) String() string {
+	switch r {
+	case RoleMember:
+		return "member"
+	case RoleReplica:
+		return "replica"
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
 }
 
 // Command is the payload of one Raft log entry: the leader's timestamp and
@@ -221,6 +256,9 @@ func AppendCommand(dst []byte, c *Command) []byte {
 			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
 		case OpRaiseFenceEpoch:
 			dst = binary.AppendUvarint(dst, op.FenceEpoch)
+		case OpSetNodeRole:
+			dst = appendBytes(dst, []byte(op.Node.ID))
+			dst = append(dst, byte(op.Node.Role))
 		}
 	}
 	return dst
@@ -254,6 +292,8 @@ func EncodedOpSize(op *Op) int {
 		n += 2 + len(op.Node.ID) + 2 + len(op.Node.GRPCAddr)
 	case OpRaiseFenceEpoch:
 		n += binary.MaxVarintLen64
+	case OpSetNodeRole:
+		n += 2 + len(op.Node.ID) + 1
 	}
 	return n
 }
@@ -298,7 +338,7 @@ func DecodeCommand(data []byte) (Command, error) {
 	for i := range c.Ops {
 		op := &c.Ops[i]
 		op.Kind = OpKind(d.byte())
-		if op.Kind < OpMark || op.Kind > OpRaiseFenceEpoch {
+		if op.Kind < OpMark || op.Kind > maxOpKind {
 			if d.err == nil {
 				d.fail("unknown op kind %d", op.Kind)
 			}
@@ -335,6 +375,12 @@ func DecodeCommand(data []byte) (Command, error) {
 			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
 		case OpRaiseFenceEpoch:
 			op.FenceEpoch = d.uvarint()
+		case OpSetNodeRole:
+			op.Node.ID = string(d.bytes(maxNameBytes))
+			op.Node.Role = NodeRole(d.byte())
+			if d.err == nil && op.Node.Role > RoleReplica {
+				d.fail("unknown node role %d", op.Node.Role)
+			}
 		}
 		if d.err != nil {
 			return Command{}, d.err

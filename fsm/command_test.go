@@ -38,6 +38,9 @@ func appendCommandV1(dst []byte, c *Command) []byte {
 			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
 		case OpRaiseFenceEpoch: // added to version 1 after e7189b4
 			dst = binary.AppendUvarint(dst, op.FenceEpoch)
+		case OpSetNodeRole: // the decoder reads it in either version
+			dst = appendBytes(dst, []byte(op.Node.ID))
+			dst = append(dst, byte(op.Node.Role))
 		}
 	}
 	return dst
@@ -77,6 +80,8 @@ func commandCases() []Command {
 			{Kind: OpForget, Items: []Item{{ID: []byte("f"), Token: []byte("t")}}},
 			{Kind: OpTick},
 			{Kind: OpRaiseFenceEpoch, FenceEpoch: 3},
+			{Kind: OpSetNodeRole, Node: NodeInfo{ID: "r1", Role: RoleReplica}},
+			{Kind: OpSetNodeRole, Node: NodeInfo{ID: "r2", Role: RoleMember}},
 		}},
 		{},
 	}

@@ -114,6 +114,8 @@ type state struct {
 	// ones not yet dropped).
 	counts map[bloom.Key]uint64
 	nodes  map[string]string
+	// roles holds each node whose role is not RoleMember (read replicas).
+	roles map[string]NodeRole
 	// fenceEpoch is the high part of every fencing token granted now
 	// (MakeFence); persisted under metaFenceEpoch, so snapshots carry it.
 	fenceEpoch uint64
@@ -243,6 +245,7 @@ func loadState(db *storage.DB) (state, error) {
 		buckets:    map[uint32][]uint64{},
 		counts:     map[bloom.Key]uint64{},
 		nodes:      map[string]string{},
+		roles:      map[string]NodeRole{},
 	}
 	v, found, err := storage.GetCopy(db, storage.MetaKey(metaNsSeq))
 	if err != nil {
@@ -324,6 +327,16 @@ func loadState(db *storage.DB) (state, error) {
 	})
 	if err != nil {
 		return st, fmt.Errorf("load nodes: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixNodeRole}, func(k, v []byte) error {
+		if len(v) != 1 || NodeRole(v[0]) > RoleReplica {
+			return fmt.Errorf("bad node role %x for %q", v, k[1:])
+		}
+		st.roles[string(k[1:])] = NodeRole(v[0])
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load node roles: %w", err)
 	}
 	return st, nil
 }
@@ -453,6 +466,27 @@ func (f *FSM) Nodes() map[string]string {
 	out := make(map[string]string, len(f.st.nodes))
 	for k, v := range f.st.nodes {
 		out[k] = v
+	}
+	return out
+}
+
+// NodeRole returns the recorded role of node id (RoleMember unless an
+// OpSetNodeRole said otherwise).
+func (f *FSM) NodeRole(id string) NodeRole {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.roles[id]
+}
+
+// Replicas returns the IDs of the nodes recorded as read replicas.
+func (f *FSM) Replicas() map[string]bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]bool, len(f.st.roles))
+	for id, r := range f.st.roles {
+		if r == RoleReplica {
+			out[id] = true
+		}
 	}
 	return out
 }

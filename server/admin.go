@@ -223,6 +223,7 @@ func (s *Server) Status(ctx context.Context, _ *dedupv1.StatusRequest) (*dedupv1
 	out.Healthy, out.HealthReason = s.node.Health()
 	ls := s.node.LogStoreStats()
 	out.LogStoreStalled, out.LogStoreMaxWriteMs = ls.Stalled, ls.MaxWrite.Milliseconds()
+	out.ReadReplica = s.node.FSM().NodeRole(s.node.ID()) == fsm.RoleReplica
 	return out, nil
 }
 
@@ -261,7 +262,8 @@ func statusPB(st cluster.Status) *dedupv1.StatusResponse {
 }
 
 // Join implements dedupv1.AdminServer: adds a node as a non-voter
-// (promoted once caught up). Forwarded to the leader.
+// (promoted once caught up), or as a read replica (never promoted by the
+// leader) with read_replica. Forwarded to the leader.
 func (s *Server) Join(ctx context.Context, req *dedupv1.JoinRequest) (*dedupv1.JoinResponse, error) {
 	for _, f := range []struct{ name, v string }{{"node_id", req.NodeId}, {"raft_addr", req.RaftAddr}, {"grpc_addr", req.GrpcAddr}} {
 		if f.v == "" {
@@ -269,6 +271,9 @@ func (s *Server) Join(ctx context.Context, req *dedupv1.JoinRequest) (*dedupv1.J
 		}
 	}
 	err := s.onLeader(ctx, func(ctx context.Context) error {
+		if req.ReadReplica {
+			return s.node.JoinReplica(ctx, req.NodeId, req.RaftAddr, req.GrpcAddr)
+		}
 		return s.node.Join(ctx, req.NodeId, req.RaftAddr, req.GrpcAddr)
 	}, func(ctx context.Context, cc *grpc.ClientConn) error {
 		_, err := dedupv1.NewAdminClient(cc).Join(ctx, req)

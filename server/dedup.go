@@ -275,17 +275,28 @@ func (s *Server) Forget(ctx context.Context, req *dedupv1.ForgetRequest) (*dedup
 
 // Check implements dedupv1.DedupServer. Linearizable by default (read
 // index from the leader, then wait until applied here); STALE answers from
-// this node's state as it is.
+// this node's state as it is; BOUNDED from this node's state when it can
+// show it is at most max_staleness_ms behind (freshWithin), else like
+// LINEARIZABLE. The response's read_path says which.
 func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1.CheckResponse, error) {
 	if err := s.validateCheck(req, nil); err != nil {
 		return nil, toReadStatus(err)
 	}
+	path := dedupv1.ReadPath_READ_PATH_LOCAL
 	switch req.Consistency {
 	case dedupv1.Consistency_CONSISTENCY_STALE:
+	case dedupv1.Consistency_CONSISTENCY_BOUNDED:
+		if !s.freshWithin(req.MaxStalenessMs) {
+			if err := s.linearize(ctx); err != nil {
+				return nil, toReadStatus(err)
+			}
+			path = dedupv1.ReadPath_READ_PATH_READ_INDEX
+		}
 	case dedupv1.Consistency_CONSISTENCY_UNSPECIFIED, dedupv1.Consistency_CONSISTENCY_LINEARIZABLE:
 		if err := s.linearize(ctx); err != nil {
 			return nil, toReadStatus(err)
 		}
+		path = dedupv1.ReadPath_READ_PATH_READ_INDEX
 	default:
 		return nil, toReadStatus(invalidf("consistency", "unknown value %d", req.Consistency))
 	}
@@ -299,7 +310,7 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	if !ok {
 		if s.cfg.AutoCreateNamespaces {
 			// Nothing can be recorded in a namespace that does not exist.
-			resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(req.Ids)), AppliedIndex: applied}
+			resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(req.Ids)), AppliedIndex: applied, ReadPath: path}
 			for i := range resp.Results {
 				resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_NOT_SEEN}
 			}
@@ -315,7 +326,7 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(res)), AppliedIndex: applied}
+	resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(res)), AppliedIndex: applied, ReadPath: path}
 	for i, r := range res {
 		switch r.Code {
 		case fsm.CodeSeen:
@@ -329,9 +340,37 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	return resp, nil
 }
 
+// freshWithin reports whether this node's state provably includes every
+// write acknowledged more than maxStalenessMs ago. The proof is the
+// leader timestamp L of the last entry applied here (fsm.LastTimestamp):
+// any entry not applied yet comes later in the log, so its timestamp is at
+// least L; a write acknowledged at real time t_w carries a timestamp read
+// from some leader's clock at or before t_w. With every leader's clock at
+// most MaxClockOffset ahead of this node's, and this node's clock not
+// stepping back, such a write acknowledged before now - maxStaleness has
+// a timestamp below now - maxStaleness + MaxClockOffset, so
+// now - L + MaxClockOffset < maxStaleness means it is applied here. An
+// idle log still advances L: the leader proposes a tick every
+// cluster.Config.StampInterval while read replicas exist. A node cut off
+// from the leader stops applying, L stops, and the test fails after
+// maxStaleness - MaxClockOffset.
+func (s *Server) freshWithin(maxStalenessMs int64) bool {
+	lag := time.Now().UnixMilli() - s.node.FSM().LastTimestamp()
+	return lag+s.cfg.MaxClockOffset.Milliseconds() < maxStalenessMs
+}
+
 // validateCheck checks a Check request; with ns nil only what needs no
 // namespace.
 func (s *Server) validateCheck(req *dedupv1.CheckRequest, ns *fsm.NamespaceConfig) error {
+	if ns == nil {
+		bounded := req.Consistency == dedupv1.Consistency_CONSISTENCY_BOUNDED
+		switch {
+		case bounded && req.MaxStalenessMs <= 0:
+			return invalidf("max_staleness_ms", "%d: consistency BOUNDED needs a max staleness above 0 (e.g. 5000)", req.MaxStalenessMs)
+		case !bounded && req.MaxStalenessMs != 0:
+			return invalidf("max_staleness_ms", "%d: only consistency BOUNDED takes a max staleness", req.MaxStalenessMs)
+		}
+	}
 	if req.Namespace != "" {
 		if err := fsm.ValidateNamespaceName(req.Namespace); err != nil {
 			return err

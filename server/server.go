@@ -50,6 +50,16 @@ type Config struct {
 	// state calls Admin.Join on them in turn, with backoff, until one
 	// succeeds or Start's ctx ends.
 	Join []string
+	// ReadReplica makes the Join a read replica's (JoinRequest.read_replica):
+	// a permanent non-voter that serves reads and is never promoted by the
+	// leader. Ignored for a node that already has Raft state.
+	ReadReplica bool
+	// MaxClockOffset is the largest difference assumed between any two
+	// nodes' wall clocks (default DefaultMaxClockOffset). A BOUNDED Check
+	// is answered locally only when now - (leader timestamp of the last
+	// applied entry) + MaxClockOffset < max staleness (see cluster/DESIGN.md,
+	// Read replicas).
+	MaxClockOffset time.Duration
 	// LeaderWait bounds how long a request waits for a leader during an
 	// election before failing with Unavailable (default 3 s; always less
 	// than the request's own deadline).
@@ -118,6 +128,10 @@ type Server struct {
 	closeErr  error
 }
 
+// DefaultMaxClockOffset is Config.MaxClockOffset's default (CockroachDB's
+// default --max-offset).
+const DefaultMaxClockOffset = 500 * time.Millisecond
+
 // maxRecvBytes is the gRPC receive limit: one Raft entry's worth plus room
 // for protobuf framing, so a request gRPC admits is either proposed whole
 // or refused by the cluster with ENTRY_TOO_LARGE (both RESOURCE_EXHAUSTED)
@@ -137,6 +151,12 @@ func maxSendBytes(maxBatch, maxEntry int) int {
 func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = fsm.DefaultMaxBatch
+	}
+	if cfg.MaxClockOffset == 0 {
+		cfg.MaxClockOffset = DefaultMaxClockOffset
+	}
+	if cfg.MaxClockOffset < 0 {
+		return nil, fmt.Errorf("server config: MaxClockOffset %v: want 0 (default) or more", cfg.MaxClockOffset)
 	}
 	if cfg.LeaderWait <= 0 {
 		cfg.LeaderWait = 3 * time.Second
@@ -337,7 +357,7 @@ func (s *Server) probeProgress(ctx context.Context, id, grpcAddr string) (uint64
 // join calls Admin.Join on the configured members in turn until one
 // succeeds, backing off between rounds, bounded by ctx.
 func (s *Server) join(ctx context.Context) error {
-	req := &dedupv1.JoinRequest{NodeId: s.node.ID(), RaftAddr: s.node.RaftAddr(), GrpcAddr: s.GRPCAddr()}
+	req := &dedupv1.JoinRequest{NodeId: s.node.ID(), RaftAddr: s.node.RaftAddr(), GrpcAddr: s.GRPCAddr(), ReadReplica: s.cfg.ReadReplica}
 	backoff := 100 * time.Millisecond
 	var last error
 	for {

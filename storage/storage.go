@@ -35,6 +35,7 @@ const (
 	PrefixBucket    = 'b'
 	PrefixNamespace = 'n'
 	PrefixNode      = 'p'
+	PrefixNodeRole  = 'o'
 	PrefixMeta      = 'm'
 )
 
@@ -105,6 +106,10 @@ func NamespaceKey(name string) []byte { return append([]byte{PrefixNamespace}, n
 
 // NodeKey is the key of a node's client address.
 func NodeKey(id string) []byte { return append([]byte{PrefixNode}, id...) }
+
+// NodeRoleKey is the key of a node's role (present for read replicas
+// only).
+func NodeRoleKey(id string) []byte { return append([]byte{PrefixNodeRole}, id...) }
 
 // MetaKey is the key of an FSM metadata value.
 func MetaKey(name string) []byte { return append([]byte{PrefixMeta}, name...) }

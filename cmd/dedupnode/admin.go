@@ -48,7 +48,7 @@ func newStatusCmd(e *env) *cobra.Command {
 		Short: "Show the leader, Raft indexes, members, IDs stored and Bloom filter figures",
 		Long: `Status prints the cluster as seen by the first node of --addr that answers:
 its role, the leader, the Raft term and commit/applied indexes, the members
-with their suffrage (voter or nonvoter), the number of IDs stored and the
+with their suffrage (voter, nonvoter or replica), the number of IDs stored and the
 Bloom filter figures (memory, bits per ID, configured and observed
 false-positive rate). --output json prints one JSON object with node_id,
 state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
@@ -186,7 +186,11 @@ func printStatus(w io.Writer, st client.Status) {
 	} else if st.LeaderGRPCAddr != "" {
 		leader += " at " + st.LeaderGRPCAddr
 	}
-	fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
+	if st.ReadReplica {
+		fmt.Fprintf(tw, "node\t%s (%s, read replica)\n", st.NodeID, st.State)
+	} else {
+		fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
+	}
 	if st.Healthy {
 		fmt.Fprintf(tw, "health\tSERVING\n")
 	} else {
@@ -259,8 +263,9 @@ func newMembersCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "members [flags]",
 		Short: "List the cluster's members with their addresses and suffrage",
-		Long: `Members lists the nodes of the Raft configuration: ID, suffrage (voter or
-nonvoter: a joined node votes once it has caught up), Raft and gRPC
+		Long: `Members lists the nodes of the Raft configuration: ID, suffrage (voter,
+nonvoter: a joined node votes once it has caught up, or replica: a read
+replica, which never votes unless promoted with 'promote'), Raft and gRPC
 addresses, and which one leads. --output json prints one object per member.`,
 		Example: strings.ReplaceAll(`  dedupnode members --addr 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,

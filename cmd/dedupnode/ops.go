@@ -23,6 +23,7 @@ type opFlags struct {
 	ttl          time.Duration
 	lease        time.Duration
 	consistency  string
+	maxStaleness time.Duration
 	fencingToken uint64
 	digest       string
 	batch        int
@@ -74,19 +75,27 @@ state=leased in the text output (state "leased" in JSON; "committed" once
 committed): someone is processing it. By default check is linearizable: a
 check that starts after a mark was acknowledged never answers not_seen for
 it. --consistency stale answers from the contacted node alone: faster, but
-it may miss the last moments of replication.`,
+it may miss the last moments of replication. --consistency bounded
+--max-staleness 5s answers from the contacted node (a read replica, say)
+when it can show it misses no mark acknowledged more than 5s ago, else
+through the leader like linearizable (docs/REGIONS.md).`,
 			example: `  dedupnode check --addr 127.0.0.1:7070 order-1 order-3
   #   order-1	seen	expires_at=...
   #   order-3	not_seen
   dedupnode check job-1                     # claimed, not yet committed
   #   job-1	seen	state=leased	fencing_token=10	expires_at=...
   dedupnode check --consistency stale order-1
+  dedupnode check --addr 127.0.0.1:7073 --consistency bounded --max-staleness 5s order-1
   dedupnode check --output json order-1`,
 			consistency: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
 				cons, err := client.ParseConsistency(f.consistency)
 				if err != nil {
 					return nil, nil, usagef("--consistency: %v", err)
+				}
+				if cons == client.Bounded {
+					res, _, err := c.CheckBounded(ctx, f.namespace, bytesOf(ids), f.maxStaleness)
+					return res, ids, err
 				}
 				res, err := c.Check(ctx, f.namespace, bytesOf(ids), cons)
 				return res, ids, err
@@ -234,7 +243,8 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		fs.Var(durationValue{&f.lease}, "lease", "lease `DURATION`, e.g. 30s, 5m (default: the namespace's lease)")
 	}
 	if o.consistency {
-		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark) or stale (answer from the contacted node alone)")
+		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark), stale (answer from the contacted node alone) or bounded (from the contacted node when provably at most --max-staleness behind)")
+		fs.DurationVar(&f.maxStaleness, "max-staleness", 0, "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state")
 	}
 	if o.fencing {
 		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
@@ -266,8 +276,15 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 		return usagef("--fencing-token must be the positive token that claim printed")
 	}
 	if o.consistency {
-		if _, err := client.ParseConsistency(f.consistency); err != nil {
+		cons, err := client.ParseConsistency(f.consistency)
+		if err != nil {
 			return usagef("--consistency: %v", err)
+		}
+		switch {
+		case cons == client.Bounded && (f.maxStaleness <= 0 || f.maxStaleness%time.Millisecond != 0):
+			return usagef("--consistency bounded needs --max-staleness, a positive whole number of milliseconds (e.g. 5s); got %v", f.maxStaleness)
+		case cons != client.Bounded && f.maxStaleness != 0:
+			return usagef("--max-staleness %v: only --consistency bounded takes it", f.maxStaleness)
 		}
 	}
 	if f.digest != "" {

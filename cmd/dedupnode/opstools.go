@@ -56,7 +56,9 @@ func newPromoteCmd(e *env) *cobra.Command {
 		Long: `Promote turns the non-voter NODE_ID into a voter at once. The leader
 promotes a joined node by itself once it has caught up; use this to skip
 the wait (the node still catches up as a voter, and the cluster's quorum
-grows with it at once).`,
+grows with it at once). A read replica (serve --read-replica) is never
+promoted by the leader: this is the only way to make it a voter, and it
+then votes and counts toward every commit like any voter.`,
 		Example: strings.ReplaceAll(`  dedupnode promote --addr 127.0.0.1:7070 n4`, "dedupnode ", e.progName+" "),
 		Args:    cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {

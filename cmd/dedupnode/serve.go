@@ -38,6 +38,9 @@ type serveFlags struct {
 	bootstrap     bool
 	peers         string
 	join          []string
+	readReplica   bool
+	maxClockOff   time.Duration
+	raftAdvertise string
 	autoCreate    bool
 	maxBatch      int
 	bloomExpected uint
@@ -78,6 +81,11 @@ var serveFlagNames = []string{
 	"memory-limit", "min-free-disk", "fsm-memtable-size", "max-entry-bytes", "raft-log-stall-timeout",
 }
 
+// Read replica flags (docs/REGIONS.md), kept apart from the others.
+var serveReplicaFlagNames = []string{"read-replica", "max-clock-offset", "raft-advertise"}
+
+func init() { serveFlagNames = append(serveFlagNames, serveReplicaFlagNames...) }
+
 const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
 cleanly (handing leadership to another node first when it leads).
 
@@ -87,6 +95,7 @@ A new node needs exactly one way to find its cluster:
                         node: id=raft_addr=grpc_addr,... including this node
   --join ADDR[,ADDR]    join a running cluster through any member's gRPC
                         address; the node votes once it has caught up
+                        (with --read-replica: never; it serves reads)
 A node whose --data-dir already holds state needs none of them: it rejoins
 its cluster from what it stored.
 
@@ -177,6 +186,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.configFile, "config", "", "YAML `FILE` whose keys are these flags' names (node-id: n1, peers: [...], tls-cert: ...); the command line and DEDUPNODE_* variables take precedence over it; an unknown key is an error")
 	fs.StringVar(&f.memoryLimit, "memory-limit", "", "soft limit (`SIZE`, e.g. 768MiB or 1GiB) on the Go runtime's memory: the garbage collector runs more often near it instead of letting the heap double (GOGC); Pebble's block cache and memtables and the mmapped Raft log are outside it; off when empty (GOMEMLIMIT still applies)")
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "auto", "refuse client writes (RESOURCE_EXHAUSTED, reads still served) while the data dir's filesystem has less than `SIZE` free (e.g. 1GiB); \"auto\": 64MiB plus twice the ID store's size on disk, room for a snapshot and a compaction; writes resume by themselves once space is back")
+	registerReplicaFlags(fs, f)
 	fs.StringVar(&f.memtableSize, "fsm-memtable-size", "auto", "Pebble memtable `SIZE` of the ID store; its write-ahead log preallocates 1.1x this per file and up to 8 files exist under a burst, so a node's disk use starts near 9x this (see docs/OPERATIONS.md, Disks); \"auto\": 1/64 of the data dir's filesystem, from 2MiB to 32MiB")
 	fs.StringVar(&f.maxEntryBytes, "max-entry-bytes", "16MiB", "largest Raft entry (`SIZE`); a request encoding to more is refused with RESOURCE_EXHAUSTED before anything is written, and gRPC refuses messages larger than this plus 1MiB")
 	fs.DurationVar(&f.logStall, "raft-log-stall-timeout", 3*time.Second, "a Raft log write running longer than `DUR` marks the disk stalled: the node stops leading and replicating (the others elect a leader) and reports NOT_SERVING until the write returns")
@@ -416,6 +426,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 		AutoCreateNamespaces: f.autoCreate,
 		MaxBatch:             f.maxBatch,
 		Join:                 f.join,
+	}
+	if err := f.replicaConfig(&cfg); err != nil {
+		return cfg, nil, err
 	}
 	cfg.Cluster.FSM.Bloom.ExpectedPerBucket = f.bloomExpected
 	cfg.Cluster.FSM.Bloom.FPRate = f.bloomFPRate

@@ -48,6 +48,12 @@ const (
 	// STALE answers from the contacted node alone; it may miss the last
 	// moments of replication.
 	Consistency_CONSISTENCY_STALE Consistency = 2
+	// BOUNDED answers from the contacted node alone when it can show it has
+	// applied every write the leader had committed max_staleness_ms ago
+	// (from the leader timestamp of the last entry it applied and the
+	// cluster's --max-clock-offset), else through a read index like
+	// LINEARIZABLE. CheckResponse.read_path says which. For read replicas.
+	Consistency_CONSISTENCY_BOUNDED Consistency = 3
 )
 
 // Enum value maps for Consistency.
@@ -56,11 +62,13 @@ var (
 		0: "CONSISTENCY_UNSPECIFIED",
 		1: "CONSISTENCY_LINEARIZABLE",
 		2: "CONSISTENCY_STALE",
+		3: "CONSISTENCY_BOUNDED",
 	}
 	Consistency_value = map[string]int32{
 		"CONSISTENCY_UNSPECIFIED":  0,
 		"CONSISTENCY_LINEARIZABLE": 1,
 		"CONSISTENCY_STALE":        2,
+		"CONSISTENCY_BOUNDED":      3,
 	}
 )
 
@@ -89,6 +97,60 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
 	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{0}
+}
+
+// ReadPath says how a Check was answered.
+type ReadPath int32
+
+const (
+	ReadPath_READ_PATH_UNSPECIFIED ReadPath = 0
+	// LOCAL: from the contacted node's own state, without asking the leader
+	// (STALE, or BOUNDED when its freshness was proven).
+	ReadPath_READ_PATH_LOCAL ReadPath = 1
+	// READ_INDEX: after a read index from the leader (LINEARIZABLE, or
+	// BOUNDED falling back).
+	ReadPath_READ_PATH_READ_INDEX ReadPath = 2
+)
+
+// Enum value maps for ReadPath.
+var (
+	ReadPath_name = map[int32]string{
+		0: "READ_PATH_UNSPECIFIED",
+		1: "READ_PATH_LOCAL",
+		2: "READ_PATH_READ_INDEX",
+	}
+	ReadPath_value = map[string]int32{
+		"READ_PATH_UNSPECIFIED": 0,
+		"READ_PATH_LOCAL":       1,
+		"READ_PATH_READ_INDEX":  2,
+	}
+)
+
+func (x ReadPath) Enum() *ReadPath {
+	p := new(ReadPath)
+	*p = x
+	return p
+}
+
+func (x ReadPath) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReadPath) Descriptor() protoreflect.EnumDescriptor {
+	return file_dedup_v1_dedup_proto_enumTypes[1].Descriptor()
+}
+
+func (ReadPath) Type() protoreflect.EnumType {
+	return &file_dedup_v1_dedup_proto_enumTypes[1]
+}
+
+func (x ReadPath) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReadPath.Descriptor instead.
+func (ReadPath) EnumDescriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{1}
 }
 
 // RecordState is the state of a recorded ID.
@@ -125,11 +187,11 @@ func (x RecordState) String() string {
 }
 
 func (RecordState) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[1].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[2].Descriptor()
 }
 
 func (RecordState) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[1]
+	return &file_dedup_v1_dedup_proto_enumTypes[2]
 }
 
 func (x RecordState) Number() protoreflect.EnumNumber {
@@ -138,7 +200,7 @@ func (x RecordState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecordState.Descriptor instead.
 func (RecordState) EnumDescriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{1}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{2}
 }
 
 type ExpiryMode int32
@@ -174,11 +236,11 @@ func (x ExpiryMode) String() string {
 }
 
 func (ExpiryMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[2].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[3].Descriptor()
 }
 
 func (ExpiryMode) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[2]
+	return &file_dedup_v1_dedup_proto_enumTypes[3]
 }
 
 func (x ExpiryMode) Number() protoreflect.EnumNumber {
@@ -187,7 +249,7 @@ func (x ExpiryMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExpiryMode.Descriptor instead.
 func (ExpiryMode) EnumDescriptor() ([]byte, []int) {
-	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{2}
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{3}
 }
 
 type CheckResult_Code int32
@@ -223,11 +285,11 @@ func (x CheckResult_Code) String() string {
 }
 
 func (CheckResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[3].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[4].Descriptor()
 }
 
 func (CheckResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[3]
+	return &file_dedup_v1_dedup_proto_enumTypes[4]
 }
 
 func (x CheckResult_Code) Number() protoreflect.EnumNumber {
@@ -275,11 +337,11 @@ func (x MarkResult_Code) String() string {
 }
 
 func (MarkResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[4].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[5].Descriptor()
 }
 
 func (MarkResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[4]
+	return &file_dedup_v1_dedup_proto_enumTypes[5]
 }
 
 func (x MarkResult_Code) Number() protoreflect.EnumNumber {
@@ -330,11 +392,11 @@ func (x ClaimResult_Code) String() string {
 }
 
 func (ClaimResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[5].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[6].Descriptor()
 }
 
 func (ClaimResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[5]
+	return &file_dedup_v1_dedup_proto_enumTypes[6]
 }
 
 func (x ClaimResult_Code) Number() protoreflect.EnumNumber {
@@ -379,11 +441,11 @@ func (x LeaseResult_Code) String() string {
 }
 
 func (LeaseResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[6].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[7].Descriptor()
 }
 
 func (LeaseResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[6]
+	return &file_dedup_v1_dedup_proto_enumTypes[7]
 }
 
 func (x LeaseResult_Code) Number() protoreflect.EnumNumber {
@@ -425,11 +487,11 @@ func (x ForgetResult_Code) String() string {
 }
 
 func (ForgetResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[7].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[8].Descriptor()
 }
 
 func (ForgetResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[7]
+	return &file_dedup_v1_dedup_proto_enumTypes[8]
 }
 
 func (x ForgetResult_Code) Number() protoreflect.EnumNumber {
@@ -530,12 +592,14 @@ func (x *Record) GetFencingToken() uint64 {
 }
 
 type CheckRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Ids           [][]byte               `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
-	Consistency   Consistency            `protobuf:"varint,3,opt,name=consistency,proto3,enum=dedup.v1.Consistency" json:"consistency,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Namespace   string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Ids         [][]byte               `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
+	Consistency Consistency            `protobuf:"varint,3,opt,name=consistency,proto3,enum=dedup.v1.Consistency" json:"consistency,omitempty"`
+	// BOUNDED only (required there, > 0): the largest staleness accepted.
+	MaxStalenessMs int64 `protobuf:"varint,10,opt,name=max_staleness_ms,json=maxStalenessMs,proto3" json:"max_staleness_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
@@ -587,6 +651,13 @@ func (x *CheckRequest) GetConsistency() Consistency {
 		return x.Consistency
 	}
 	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+func (x *CheckRequest) GetMaxStalenessMs() int64 {
+	if x != nil {
+		return x.MaxStalenessMs
+	}
+	return 0
 }
 
 type CheckResult struct {
@@ -645,7 +716,9 @@ type CheckResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Results []*CheckResult         `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// Index up to which the answering node had applied the log.
-	AppliedIndex  uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// How the answer was reached (LOCAL or READ_INDEX).
+	ReadPath      ReadPath `protobuf:"varint,10,opt,name=read_path,json=readPath,proto3,enum=dedup.v1.ReadPath" json:"read_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -692,6 +765,13 @@ func (x *CheckResponse) GetAppliedIndex() uint64 {
 		return x.AppliedIndex
 	}
 	return 0
+}
+
+func (x *CheckResponse) GetReadPath() ReadPath {
+	if x != nil {
+		return x.ReadPath
+	}
+	return ReadPath_READ_PATH_UNSPECIFIED
 }
 
 type MarkItem struct {
@@ -2504,12 +2584,14 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type Member struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	Suffrage      string                 `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"` // "voter" or "nonvoter"
-	Leader        bool                   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	GrpcAddr string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// "voter", "nonvoter" (catching up, promoted once caught up) or
+	// "replica" (a read replica: never promoted by the leader).
+	Suffrage      string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	Leader        bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2713,8 +2795,10 @@ type StatusResponse struct {
 	// the longest write since start.
 	LogStoreStalled    bool  `protobuf:"varint,17,opt,name=log_store_stalled,json=logStoreStalled,proto3" json:"log_store_stalled,omitempty"`
 	LogStoreMaxWriteMs int64 `protobuf:"varint,18,opt,name=log_store_max_write_ms,json=logStoreMaxWriteMs,proto3" json:"log_store_max_write_ms,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// This node is a read replica (a non-voter the leader never promotes).
+	ReadReplica   bool `protobuf:"varint,30,opt,name=read_replica,json=readReplica,proto3" json:"read_replica,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2873,6 +2957,13 @@ func (x *StatusResponse) GetLogStoreMaxWriteMs() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetReadReplica() bool {
+	if x != nil {
+		return x.ReadReplica
+	}
+	return false
+}
+
 // DiskStatus is the data directory's filesystem as the node last measured
 // it.
 type DiskStatus struct {
@@ -2979,10 +3070,12 @@ func (x *DiskStatus) GetUsedBytes() uint64 {
 }
 
 type JoinRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeId   string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	GrpcAddr string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// Join as a read replica: a permanent non-voter (serve --read-replica).
+	ReadReplica   bool `protobuf:"varint,10,opt,name=read_replica,json=readReplica,proto3" json:"read_replica,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3036,6 +3129,13 @@ func (x *JoinRequest) GetGrpcAddr() string {
 		return x.GrpcAddr
 	}
 	return ""
+}
+
+func (x *JoinRequest) GetReadReplica() bool {
+	if x != nil {
+		return x.ReadReplica
+	}
+	return false
 }
 
 type JoinResponse struct {
@@ -3334,21 +3434,25 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\x12#\n" +
 	"\rrequest_token\x18\x04 \x01(\fR\frequestToken\x12\x16\n" +
 	"\x06digest\x18\x05 \x01(\fR\x06digest\x12#\n" +
-	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"w\n" +
+	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"\xa1\x01\n" +
 	"\fCheckRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\fR\x03ids\x127\n" +
-	"\vconsistency\x18\x03 \x01(\x0e2\x15.dedup.v1.ConsistencyR\vconsistency\"\x9d\x01\n" +
+	"\vconsistency\x18\x03 \x01(\x0e2\x15.dedup.v1.ConsistencyR\vconsistency\x12(\n" +
+	"\x10max_staleness_ms\x18\n" +
+	" \x01(\x03R\x0emaxStalenessMs\"\x9d\x01\n" +
 	"\vCheckResult\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.dedup.v1.CheckResult.CodeR\x04code\x12(\n" +
 	"\x06record\x18\x02 \x01(\v2\x10.dedup.v1.RecordR\x06record\"4\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\b\n" +
 	"\x04SEEN\x10\x01\x12\f\n" +
-	"\bNOT_SEEN\x10\x02\"e\n" +
+	"\bNOT_SEEN\x10\x02\"\x96\x01\n" +
 	"\rCheckResponse\x12/\n" +
 	"\aresults\x18\x01 \x03(\v2\x15.dedup.v1.CheckResultR\aresults\x12#\n" +
-	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"W\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12/\n" +
+	"\tread_path\x18\n" +
+	" \x01(\x0e2\x12.dedup.v1.ReadPathR\breadPath\"W\n" +
 	"\bMarkItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\fR\x06digest\x12#\n" +
@@ -3495,7 +3599,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10observed_fp_rate\x18\x06 \x01(\x01R\x0eobservedFpRate\x12#\n" +
 	"\rmaybe_lookups\x18\a \x01(\x04R\fmaybeLookups\x12'\n" +
 	"\x0ffalse_positives\x18\b \x01(\x04R\x0efalsePositives\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\x9c\x05\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\"\xbf\x05\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3516,7 +3620,8 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\rhealth_reason\x18\x0f \x01(\tR\fhealthReason\x12(\n" +
 	"\x04disk\x18\x10 \x01(\v2\x14.dedup.v1.DiskStatusR\x04disk\x12*\n" +
 	"\x11log_store_stalled\x18\x11 \x01(\bR\x0flogStoreStalled\x122\n" +
-	"\x16log_store_max_write_ms\x18\x12 \x01(\x03R\x12logStoreMaxWriteMs\"\x9b\x02\n" +
+	"\x16log_store_max_write_ms\x18\x12 \x01(\x03R\x12logStoreMaxWriteMs\x12!\n" +
+	"\fread_replica\x18\x1e \x01(\bR\vreadReplica\"\x9b\x02\n" +
 	"\n" +
 	"DiskStatus\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
@@ -3529,11 +3634,13 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x0ewrites_refused\x18\x06 \x01(\bR\rwritesRefused\x12!\n" +
 	"\fapply_paused\x18\a \x01(\bR\vapplyPaused\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\b \x01(\x04R\tusedBytes\"`\n" +
+	"used_bytes\x18\b \x01(\x04R\tusedBytes\"\x83\x01\n" +
 	"\vJoinRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
-	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\"\x0e\n" +
+	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12!\n" +
+	"\fread_replica\x18\n" +
+	" \x01(\bR\vreadReplica\"\x0e\n" +
 	"\fJoinResponse\"(\n" +
 	"\rRemoveRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x10\n" +
@@ -3545,11 +3652,16 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10ReadIndexRequest\"2\n" +
 	"\x11ReadIndexResponse\x12\x1d\n" +
 	"\n" +
-	"read_index\x18\x01 \x01(\x04R\treadIndex*_\n" +
+	"read_index\x18\x01 \x01(\x04R\treadIndex*x\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x02*`\n" +
+	"\x11CONSISTENCY_STALE\x10\x02\x12\x17\n" +
+	"\x13CONSISTENCY_BOUNDED\x10\x03*T\n" +
+	"\bReadPath\x12\x19\n" +
+	"\x15READ_PATH_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fREAD_PATH_LOCAL\x10\x01\x12\x18\n" +
+	"\x14READ_PATH_READ_INDEX\x10\x02*`\n" +
 	"\vRecordState\x12\x1c\n" +
 	"\x18RECORD_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RECORD_STATE_COMMITTED\x10\x01\x12\x17\n" +
@@ -3593,152 +3705,154 @@ func file_dedup_v1_dedup_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_dedup_proto_rawDescData
 }
 
-var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
 var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_dedup_v1_dedup_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: dedup.v1.Consistency
-	(RecordState)(0),                   // 1: dedup.v1.RecordState
-	(ExpiryMode)(0),                    // 2: dedup.v1.ExpiryMode
-	(CheckResult_Code)(0),              // 3: dedup.v1.CheckResult.Code
-	(MarkResult_Code)(0),               // 4: dedup.v1.MarkResult.Code
-	(ClaimResult_Code)(0),              // 5: dedup.v1.ClaimResult.Code
-	(LeaseResult_Code)(0),              // 6: dedup.v1.LeaseResult.Code
-	(ForgetResult_Code)(0),             // 7: dedup.v1.ForgetResult.Code
-	(*Record)(nil),                     // 8: dedup.v1.Record
-	(*CheckRequest)(nil),               // 9: dedup.v1.CheckRequest
-	(*CheckResult)(nil),                // 10: dedup.v1.CheckResult
-	(*CheckResponse)(nil),              // 11: dedup.v1.CheckResponse
-	(*MarkItem)(nil),                   // 12: dedup.v1.MarkItem
-	(*MarkRequest)(nil),                // 13: dedup.v1.MarkRequest
-	(*MarkResult)(nil),                 // 14: dedup.v1.MarkResult
-	(*MarkResponse)(nil),               // 15: dedup.v1.MarkResponse
-	(*ClaimItem)(nil),                  // 16: dedup.v1.ClaimItem
-	(*ClaimRequest)(nil),               // 17: dedup.v1.ClaimRequest
-	(*ClaimResult)(nil),                // 18: dedup.v1.ClaimResult
-	(*ClaimResponse)(nil),              // 19: dedup.v1.ClaimResponse
-	(*LeaseItem)(nil),                  // 20: dedup.v1.LeaseItem
-	(*CommitRequest)(nil),              // 21: dedup.v1.CommitRequest
-	(*RenewRequest)(nil),               // 22: dedup.v1.RenewRequest
-	(*ReleaseRequest)(nil),             // 23: dedup.v1.ReleaseRequest
-	(*LeaseResult)(nil),                // 24: dedup.v1.LeaseResult
-	(*LeaseResponse)(nil),              // 25: dedup.v1.LeaseResponse
-	(*ForgetRequest)(nil),              // 26: dedup.v1.ForgetRequest
-	(*ForgetResult)(nil),               // 27: dedup.v1.ForgetResult
-	(*ForgetResponse)(nil),             // 28: dedup.v1.ForgetResponse
-	(*StreamRequest)(nil),              // 29: dedup.v1.StreamRequest
-	(*StreamError)(nil),                // 30: dedup.v1.StreamError
-	(*StreamResponse)(nil),             // 31: dedup.v1.StreamResponse
-	(*Namespace)(nil),                  // 32: dedup.v1.Namespace
-	(*CreateNamespaceRequest)(nil),     // 33: dedup.v1.CreateNamespaceRequest
-	(*UpdateNamespaceRequest)(nil),     // 34: dedup.v1.UpdateNamespaceRequest
-	(*DescribeNamespaceRequest)(nil),   // 35: dedup.v1.DescribeNamespaceRequest
-	(*ListNamespacesRequest)(nil),      // 36: dedup.v1.ListNamespacesRequest
-	(*DeleteNamespaceRequest)(nil),     // 37: dedup.v1.DeleteNamespaceRequest
-	(*NamespaceResponse)(nil),          // 38: dedup.v1.NamespaceResponse
-	(*ListNamespacesResponse)(nil),     // 39: dedup.v1.ListNamespacesResponse
-	(*DeleteNamespaceResponse)(nil),    // 40: dedup.v1.DeleteNamespaceResponse
-	(*StatusRequest)(nil),              // 41: dedup.v1.StatusRequest
-	(*Member)(nil),                     // 42: dedup.v1.Member
-	(*BloomStatus)(nil),                // 43: dedup.v1.BloomStatus
-	(*StatusResponse)(nil),             // 44: dedup.v1.StatusResponse
-	(*DiskStatus)(nil),                 // 45: dedup.v1.DiskStatus
-	(*JoinRequest)(nil),                // 46: dedup.v1.JoinRequest
-	(*JoinResponse)(nil),               // 47: dedup.v1.JoinResponse
-	(*RemoveRequest)(nil),              // 48: dedup.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 49: dedup.v1.RemoveResponse
-	(*TransferLeadershipRequest)(nil),  // 50: dedup.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 51: dedup.v1.TransferLeadershipResponse
-	(*ReadIndexRequest)(nil),           // 52: dedup.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),          // 53: dedup.v1.ReadIndexResponse
-	(*anypb.Any)(nil),                  // 54: google.protobuf.Any
+	(ReadPath)(0),                      // 1: dedup.v1.ReadPath
+	(RecordState)(0),                   // 2: dedup.v1.RecordState
+	(ExpiryMode)(0),                    // 3: dedup.v1.ExpiryMode
+	(CheckResult_Code)(0),              // 4: dedup.v1.CheckResult.Code
+	(MarkResult_Code)(0),               // 5: dedup.v1.MarkResult.Code
+	(ClaimResult_Code)(0),              // 6: dedup.v1.ClaimResult.Code
+	(LeaseResult_Code)(0),              // 7: dedup.v1.LeaseResult.Code
+	(ForgetResult_Code)(0),             // 8: dedup.v1.ForgetResult.Code
+	(*Record)(nil),                     // 9: dedup.v1.Record
+	(*CheckRequest)(nil),               // 10: dedup.v1.CheckRequest
+	(*CheckResult)(nil),                // 11: dedup.v1.CheckResult
+	(*CheckResponse)(nil),              // 12: dedup.v1.CheckResponse
+	(*MarkItem)(nil),                   // 13: dedup.v1.MarkItem
+	(*MarkRequest)(nil),                // 14: dedup.v1.MarkRequest
+	(*MarkResult)(nil),                 // 15: dedup.v1.MarkResult
+	(*MarkResponse)(nil),               // 16: dedup.v1.MarkResponse
+	(*ClaimItem)(nil),                  // 17: dedup.v1.ClaimItem
+	(*ClaimRequest)(nil),               // 18: dedup.v1.ClaimRequest
+	(*ClaimResult)(nil),                // 19: dedup.v1.ClaimResult
+	(*ClaimResponse)(nil),              // 20: dedup.v1.ClaimResponse
+	(*LeaseItem)(nil),                  // 21: dedup.v1.LeaseItem
+	(*CommitRequest)(nil),              // 22: dedup.v1.CommitRequest
+	(*RenewRequest)(nil),               // 23: dedup.v1.RenewRequest
+	(*ReleaseRequest)(nil),             // 24: dedup.v1.ReleaseRequest
+	(*LeaseResult)(nil),                // 25: dedup.v1.LeaseResult
+	(*LeaseResponse)(nil),              // 26: dedup.v1.LeaseResponse
+	(*ForgetRequest)(nil),              // 27: dedup.v1.ForgetRequest
+	(*ForgetResult)(nil),               // 28: dedup.v1.ForgetResult
+	(*ForgetResponse)(nil),             // 29: dedup.v1.ForgetResponse
+	(*StreamRequest)(nil),              // 30: dedup.v1.StreamRequest
+	(*StreamError)(nil),                // 31: dedup.v1.StreamError
+	(*StreamResponse)(nil),             // 32: dedup.v1.StreamResponse
+	(*Namespace)(nil),                  // 33: dedup.v1.Namespace
+	(*CreateNamespaceRequest)(nil),     // 34: dedup.v1.CreateNamespaceRequest
+	(*UpdateNamespaceRequest)(nil),     // 35: dedup.v1.UpdateNamespaceRequest
+	(*DescribeNamespaceRequest)(nil),   // 36: dedup.v1.DescribeNamespaceRequest
+	(*ListNamespacesRequest)(nil),      // 37: dedup.v1.ListNamespacesRequest
+	(*DeleteNamespaceRequest)(nil),     // 38: dedup.v1.DeleteNamespaceRequest
+	(*NamespaceResponse)(nil),          // 39: dedup.v1.NamespaceResponse
+	(*ListNamespacesResponse)(nil),     // 40: dedup.v1.ListNamespacesResponse
+	(*DeleteNamespaceResponse)(nil),    // 41: dedup.v1.DeleteNamespaceResponse
+	(*StatusRequest)(nil),              // 42: dedup.v1.StatusRequest
+	(*Member)(nil),                     // 43: dedup.v1.Member
+	(*BloomStatus)(nil),                // 44: dedup.v1.BloomStatus
+	(*StatusResponse)(nil),             // 45: dedup.v1.StatusResponse
+	(*DiskStatus)(nil),                 // 46: dedup.v1.DiskStatus
+	(*JoinRequest)(nil),                // 47: dedup.v1.JoinRequest
+	(*JoinResponse)(nil),               // 48: dedup.v1.JoinResponse
+	(*RemoveRequest)(nil),              // 49: dedup.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 50: dedup.v1.RemoveResponse
+	(*TransferLeadershipRequest)(nil),  // 51: dedup.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 52: dedup.v1.TransferLeadershipResponse
+	(*ReadIndexRequest)(nil),           // 53: dedup.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),          // 54: dedup.v1.ReadIndexResponse
+	(*anypb.Any)(nil),                  // 55: google.protobuf.Any
 }
 var file_dedup_v1_dedup_proto_depIdxs = []int32{
-	1,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
+	2,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
 	0,  // 1: dedup.v1.CheckRequest.consistency:type_name -> dedup.v1.Consistency
-	3,  // 2: dedup.v1.CheckResult.code:type_name -> dedup.v1.CheckResult.Code
-	8,  // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
-	10, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
-	12, // 5: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
-	4,  // 6: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
-	8,  // 7: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
-	14, // 8: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
-	16, // 9: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
-	5,  // 10: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
-	8,  // 11: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
-	18, // 12: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
-	20, // 13: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
-	20, // 14: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
-	20, // 15: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
-	6,  // 16: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
-	8,  // 17: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
-	24, // 18: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
-	7,  // 19: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
-	27, // 20: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
-	9,  // 21: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
-	13, // 22: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
-	17, // 23: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
-	21, // 24: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
-	22, // 25: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
-	23, // 26: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
-	26, // 27: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
-	54, // 28: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
-	30, // 29: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
-	11, // 30: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
-	15, // 31: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
-	19, // 32: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
-	25, // 33: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
-	25, // 34: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
-	25, // 35: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
-	28, // 36: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
-	2,  // 37: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
-	32, // 38: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	32, // 39: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	32, // 40: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
-	32, // 41: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
-	42, // 42: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
-	43, // 43: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	45, // 44: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
-	9,  // 45: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	13, // 46: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	17, // 47: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	21, // 48: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	22, // 49: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	23, // 50: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	26, // 51: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	29, // 52: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
-	33, // 53: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	34, // 54: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	35, // 55: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	36, // 56: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	37, // 57: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	41, // 58: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	46, // 59: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	48, // 60: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	50, // 61: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	52, // 62: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	11, // 63: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	15, // 64: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	19, // 65: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	25, // 66: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	25, // 67: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	25, // 68: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	28, // 69: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	31, // 70: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
-	38, // 71: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	38, // 72: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	38, // 73: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 74: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	40, // 75: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	44, // 76: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	47, // 77: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	49, // 78: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	51, // 79: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	53, // 80: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	63, // [63:81] is the sub-list for method output_type
-	45, // [45:63] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	4,  // 2: dedup.v1.CheckResult.code:type_name -> dedup.v1.CheckResult.Code
+	9,  // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
+	11, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
+	1,  // 5: dedup.v1.CheckResponse.read_path:type_name -> dedup.v1.ReadPath
+	13, // 6: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
+	5,  // 7: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
+	9,  // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
+	15, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
+	17, // 10: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
+	6,  // 11: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
+	9,  // 12: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
+	19, // 13: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
+	21, // 14: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
+	21, // 15: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
+	21, // 16: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
+	7,  // 17: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
+	9,  // 18: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
+	25, // 19: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
+	8,  // 20: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
+	28, // 21: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
+	10, // 22: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
+	14, // 23: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
+	18, // 24: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
+	22, // 25: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
+	23, // 26: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
+	24, // 27: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
+	27, // 28: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
+	55, // 29: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	31, // 30: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
+	12, // 31: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
+	16, // 32: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
+	20, // 33: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
+	26, // 34: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
+	26, // 35: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
+	26, // 36: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
+	29, // 37: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
+	3,  // 38: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
+	33, // 39: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	33, // 40: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	33, // 41: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
+	33, // 42: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
+	43, // 43: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
+	44, // 44: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
+	46, // 45: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
+	10, // 46: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	14, // 47: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	18, // 48: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	22, // 49: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	23, // 50: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	24, // 51: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	27, // 52: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	30, // 53: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	34, // 54: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	35, // 55: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	36, // 56: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	37, // 57: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	38, // 58: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	42, // 59: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	47, // 60: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	49, // 61: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	51, // 62: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	53, // 63: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	12, // 64: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	16, // 65: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	20, // 66: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	26, // 67: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	26, // 68: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	26, // 69: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	29, // 70: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	32, // 71: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	39, // 72: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 73: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 74: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	40, // 75: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	41, // 76: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	45, // 77: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	48, // 78: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	50, // 79: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	52, // 80: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	54, // 81: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	64, // [64:82] is the sub-list for method output_type
+	46, // [46:64] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }
@@ -3769,7 +3883,7 @@ func file_dedup_v1_dedup_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_dedup_proto_rawDesc), len(file_dedup_v1_dedup_proto_rawDesc)),
-			NumEnums:      8,
+			NumEnums:      9,
 			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
