@@ -426,6 +426,16 @@ func (n *Node) WaitLeader(ctx context.Context) (id, grpcAddr string, err error) 
 	}
 }
 
+// Ready reports without waiting whether WaitReady would return nil now:
+// this node leads and its term barrier and term-start command applied.
+func (n *Node) Ready() bool {
+	if !n.IsLeader() {
+		return false
+	}
+	t := n.readyTerm.Load()
+	return t != 0 && t == n.raft.CurrentTerm()
+}
+
 // WaitReady blocks until this node is a leader that has finished the
 // barrier of its term (nil), is known not to be leader (*NotLeaderError),
 // or ctx ends (ErrNotReady).

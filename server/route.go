@@ -19,8 +19,9 @@ import (
 const mdForwarded = "x-dedupnode-forwarded-by"
 
 func isForwarded(ctx context.Context) bool {
-	md, ok := metadata.FromIncomingContext(ctx)
-	return ok && len(md.Get(mdForwarded)) > 0
+	// ValueFromIncomingContext reads one key; FromIncomingContext would
+	// copy the whole metadata map on every call.
+	return len(metadata.ValueFromIncomingContext(ctx, mdForwarded)) > 0
 }
 
 // leaderBudget bounds waiting for a leader: LeaderWait, and always short
@@ -41,10 +42,19 @@ func (s *Server) leaderBudget(ctx context.Context) (context.Context, context.Can
 // wrote nothing (this node or the target was not the leader) are re-routed
 // until the budget ends. remote == nil means "leader only" (no forwarding).
 func (s *Server) onLeader(ctx context.Context, local func(context.Context) error, remote func(context.Context, *grpc.ClientConn) error) error {
+	// The budget (a timer) is made only when this node must wait: the
+	// common call, on a ready leader, runs local at once.
+	var lastErr error
+	if s.node.Ready() {
+		err := local(ctx)
+		if !errors.Is(err, cluster.ErrNotLeader) || ctx.Err() != nil {
+			return err
+		}
+		lastErr = err // nothing was proposed (leadership moved): route as below
+	}
 	wctx, cancel := s.leaderBudget(ctx)
 	defer cancel()
 	forwarded := isForwarded(ctx)
-	var lastErr error
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			select {
