@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -138,50 +139,76 @@ func (f *FSM) flushLocked() {
 // batch's index nearly linear. Dropped buckets never come back, so the
 // liveness test below is the one lookups apply.
 func (a *applier) appendRecords() {
-	a.order = a.order[:0]
+	// One pass in slot order (sequential memory) encodes every live
+	// record's key and value into enc; the sorted pass then reads one
+	// contiguous span per record instead of its slot, its key and its
+	// token and digest in the arena (cache misses at random places of a
+	// buffer of tens of MiB).
+	a.order, a.enc = a.order[:0], a.enc[:0]
+	var last bloom.Key
+	lastLive, haveLast := false, false
 	for i := range a.ov.slots {
 		s := &a.ov.slots[i]
 		if !s.e.present {
 			continue
 		}
 		k := a.ov.keys[s.off : s.off+s.n]
-		nsID := binary.BigEndian.Uint32(k)
-		if _, live := a.f.st.counts[bloom.Key{Namespace: nsID, Bucket: s.e.bucket}]; !live {
+		key := bloom.Key{Namespace: binary.BigEndian.Uint32(k), Bucket: s.e.bucket}
+		if !haveLast || key != last {
+			_, lastLive = a.f.st.counts[key]
+			last, haveLast = key, true
+		}
+		if !lastLive {
 			continue
+		}
+		off := len(a.enc)
+		a.enc = storage.AppendRecordKey(a.enc, key.Namespace, key.Bucket, k[4:])
+		klen := len(a.enc) - off
+		a.enc = appendRecord(a.enc, &s.e.rec)
+		if uint64(len(a.enc)) > math.MaxUint32 || klen > math.MaxUint16 || len(a.enc)-off-klen > math.MaxUint16 {
+			panic(fmt.Sprintf("fsm: write buffer record too large to sort (%d bytes of keys and values)", len(a.enc)))
 		}
 		var pre [8]byte
 		copy(pre[:], k[4:])
-		a.order = append(a.order, recOrder{ns: nsID, bucket: s.e.bucket, pre: binary.BigEndian.Uint64(pre[:]), slot: int32(i)})
+		a.order = append(a.order, recOrder{ns: key.Namespace, bucket: key.Bucket, pre: binary.BigEndian.Uint64(pre[:]),
+			off: uint32(off), klen: uint16(klen), vlen: uint16(len(a.enc) - off - klen)})
 	}
-	id := func(r recOrder) []byte { s := &a.ov.slots[r.slot]; return a.ov.keys[s.off+4 : s.off+s.n] }
+	enc := a.enc
 	slices.SortFunc(a.order, func(x, y recOrder) int {
-		if c := cmp.Compare(x.ns, y.ns); c != 0 {
-			return c
+		switch {
+		case x.ns != y.ns:
+			return cmp.Compare(x.ns, y.ns)
+		case x.bucket != y.bucket:
+			return cmp.Compare(x.bucket, y.bucket)
+		case x.pre != y.pre:
+			return cmp.Compare(x.pre, y.pre)
 		}
-		if c := cmp.Compare(x.bucket, y.bucket); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.pre, y.pre); c != 0 {
-			return c
-		}
-		return bytes.Compare(id(x), id(y))
+		return bytes.Compare(x.key(enc), y.key(enc))
 	})
 	for _, r := range a.order {
-		s := &a.ov.slots[r.slot]
-		a.kbuf = storage.AppendRecordKey(a.kbuf[:0], r.ns, r.bucket, id(r))
-		a.vbuf = appendRecord(a.vbuf[:0], &s.e.rec)
-		must(a.b.Set(a.kbuf, a.vbuf, nil))
+		k := r.key(enc)
+		must(a.b.Set(k, enc[int(r.off)+len(k):int(r.off)+len(k)+int(r.vlen)], nil))
+	}
+	if cap(a.enc) > maxReusedEnc {
+		a.enc = nil
 	}
 }
 
+// maxReusedEnc bounds appendRecords' scratch kept between flushes.
+const maxReusedEnc = 32 << 20
+
 // recOrder sorts buffered records by key: namespace, bucket, then the ID
-// (its first 8 bytes as an integer, zero-padded, then the whole ID).
+// (its first 8 bytes as an integer, zero-padded, then the whole key). The
+// record's key is enc[off:off+klen], its value the vlen bytes after it.
 type recOrder struct {
-	ns     uint32
-	bucket uint64
-	pre    uint64
-	slot   int32
+	ns         uint32
+	off        uint32
+	bucket     uint64
+	pre        uint64
+	klen, vlen uint16
 }
+
+func (r recOrder) key(enc []byte) []byte { return enc[r.off : r.off+uint32(r.klen)] }
 
 // ErrApplyDeferred answers entries the FSM did not apply because the node
 // stopped while applying was paused (Config.ApplyGate): they are committed
@@ -229,8 +256,9 @@ type applier struct {
 	hot    bloom.Key
 	hotN   uint64
 	hotSet bool
-	// order is appendRecords' scratch.
+	// order and enc are appendRecords' scratch.
 	order []recOrder
+	enc   []byte
 	// lastLen is the size of the last committed batch (the next one is
 	// allocated that size, up to maxBatchPrealloc).
 	lastLen int
