@@ -201,3 +201,32 @@ func TestChaosCatchesDivergentDigests(t *testing.T) {
 		t.Fatalf("the offending history does not show the divergence: %+v", sub.Digests)
 	}
 }
+
+// Across regions: 3 voters and 3 read replicas in 3 regions under the
+// region faults. No invariant breaks, and the replicas of a cut-off
+// region keep answering stale checks while their bounded and
+// linearizable checks answer seen or fail within the deadline.
+func TestChaosAcrossRegionsWithReplicas(t *testing.T) {
+	dn, _ := binaries(t)
+	cfg := testConfig(t, dn, 30*time.Second, FaultRegionCut, FaultRegionOneWay, FaultKillLeaderRegion, FaultRegionDelay)
+	cfg.Replicas, cfg.Regions, cfg.WANDelay = 3, 3, 10*time.Millisecond
+	cfg.Hold = [2]time.Duration{5 * time.Second, 7 * time.Second}
+	res := runChaos(t, cfg)
+	if !res.Report.OK() {
+		t.Fatalf("violations on a correct server: %s\n%+v\nhistory in %s", res.Report.Summary(), res.Report.Details, res.HistoryFile)
+	}
+	if res.Probes == nil || !res.Probes.OK() {
+		t.Fatalf("cut-off replicas misbehaved: %v", res.Probes)
+	}
+	t.Logf("cut-off replicas: %v", res.Probes)
+	if res.Report.OpsByKind[string(history.Mark)]["ok:new"] == 0 || res.Report.Faults == 0 {
+		t.Fatalf("the run did too little to mean anything: %+v", res.Report)
+	}
+	h, err := history.ReadFile(res.HistoryFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Digests) != 6 || len(h.Meta.Replicas) != 3 {
+		t.Fatalf("want digests from 3 voters and 3 replicas, got %d (replicas %v)", len(h.Digests), h.Meta.Replicas)
+	}
+}

@@ -48,6 +48,8 @@ type Caps struct {
 	Cut        bool
 	Slow       bool
 	Disconnect bool
+	// Regions: nodes are grouped in regions (region faults apply).
+	Regions bool
 	// Notes explain faults that are not available and why.
 	Notes []string
 }

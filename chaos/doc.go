@@ -17,8 +17,12 @@
 //   - a nemesis injects one fault at a time (kill -9 of the leader or any
 //     node, graceful restart, SIGSTOP/SIGCONT, leader isolation,
 //     minority/majority split, one-way and asymmetric links, slow and
-//     resetting links, network disconnect, kill -9 of every node), holds
-//     it, heals it and waits for a leader.
+//     resetting links, network disconnect, kill -9 of every node; with
+//     regions: a region cut off both ways or one way, delay spikes between
+//     regions, kill -9 of the leader's region), holds it, heals it and
+//     waits for a leader. With read replicas (ProcessConfig.Replicas) the
+//     workload adds bounded checks, and each region cut is probed on the
+//     cut region's replicas (ProbeStats).
 //
 // Then everything is healed, the run waits until every node has applied the
 // leader's commit index and every lease has run out, reads every ID from

@@ -28,11 +28,20 @@ const (
 	FaultSlow          = "slow"           // delay + jitter + resets/loss on every link
 	FaultDisconnect    = "disconnect"     // docker network disconnect of a random node
 	FaultKillAll       = "kill-all"       // SIGKILL every node at once, then restart all
+	// Region faults (process mode with --regions 2 or more).
+	FaultRegionCut        = "region-cut"         // one region cut off from the others, both ways
+	FaultRegionOneWay     = "region-one-way"     // one region's messages to the others are lost; theirs arrive
+	FaultRegionDelay      = "region-delay"       // a delay spike on every link between regions
+	FaultKillLeaderRegion = "kill-leader-region" // SIGKILL every node of the leader's region, restart after the hold
 )
 
 // AllFaults lists every fault kind, in the order the help text shows them.
 var AllFaults = []string{FaultKillLeader, FaultKillRandom, FaultRestart, FaultPauseLeader, FaultPauseRandom,
-	FaultIsolateLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultSlow, FaultDisconnect, FaultKillAll}
+	FaultIsolateLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultSlow, FaultDisconnect, FaultKillAll,
+	FaultRegionCut, FaultRegionOneWay, FaultRegionDelay, FaultKillLeaderRegion}
+
+// RegionFaults are the faults of runs across regions.
+var RegionFaults = []string{FaultRegionCut, FaultRegionOneWay, FaultRegionDelay, FaultKillLeaderRegion}
 
 // needs says which capability a fault kind requires.
 func supported(kind string, caps Caps) bool {
@@ -43,6 +52,8 @@ func supported(kind string, caps Caps) bool {
 		return caps.Slow
 	case FaultDisconnect:
 		return caps.Disconnect
+	case FaultRegionCut, FaultRegionOneWay, FaultRegionDelay, FaultKillLeaderRegion:
+		return caps.Regions && caps.Cut
 	}
 	return true
 }
@@ -58,6 +69,10 @@ type nemesis struct {
 	hold  [2]time.Duration
 	rest  [2]time.Duration
 	rng   *mrand.Rand
+	// regions groups the nodes (region faults); probe checks a cut-off
+	// region's replicas during region cuts (nil: no probes).
+	regions [][]string
+	probe   *regionProber
 }
 
 func (n *nemesis) between(r [2]time.Duration) time.Duration {
@@ -210,6 +225,59 @@ func (n *nemesis) one(ctx context.Context, kind string) {
 			}
 			return errors.Join(errs...)
 		}
+	case FaultRegionCut, FaultRegionOneWay, FaultKillLeaderRegion:
+		if len(n.regions) < 2 {
+			return
+		}
+		g := n.regions[n.rng.IntN(len(n.regions))]
+		if kind == FaultKillLeaderRegion && leader != "" {
+			g = regionOf(n.regions, leader)
+		}
+		targets = g
+		rest := others(nodes, g...)
+		switch kind {
+		case FaultRegionCut:
+			detail = strings.Join(g, ",") + " cut off from " + strings.Join(rest, ",") + " both ways"
+			inject = func() error { return n.partition(hctx, g, rest) }
+			heal = func() error { return n.c.HealNet(hctx) }
+		case FaultRegionOneWay:
+			detail = strings.Join(g, ",") + " → others lost; others → " + strings.Join(g, ",") + " delivered"
+			inject = func() error {
+				var errs []error
+				for _, x := range g {
+					for _, y := range rest {
+						errs = append(errs, n.c.Cut(hctx, x, y))
+					}
+				}
+				return errors.Join(errs...)
+			}
+			heal = func() error { return n.c.HealNet(hctx) }
+		default:
+			inject = func() error {
+				var errs []error
+				for _, t := range g {
+					errs = append(errs, n.c.Kill(hctx, t))
+				}
+				return errors.Join(errs...)
+			}
+			heal = func() error {
+				var errs []error
+				for _, t := range g {
+					errs = append(errs, n.c.Start(hctx, t))
+				}
+				return errors.Join(errs...)
+			}
+		}
+	case FaultRegionDelay:
+		d, ok := n.c.(interface{ Delay(time.Duration) })
+		if !ok || len(n.regions) < 2 {
+			return
+		}
+		delay := time.Duration(200+n.rng.IntN(600)) * time.Millisecond
+		targets = nodes
+		detail = fmt.Sprintf("%v one way on every link between regions", delay)
+		inject = func() error { d.Delay(delay); return nil }
+		heal = func() error { return n.c.HealNet(hctx) }
 	default:
 		n.log.Warn("unknown fault kind", "kind", kind)
 		return
@@ -219,9 +287,14 @@ func (n *nemesis) one(ctx context.Context, kind string) {
 	}
 	f := n.rec.FaultStart(kind, targets, detail)
 	n.log.Info("fault", "kind", kind, "targets", targets, "detail", detail)
+	f0 := time.Now()
 	err := inject()
 	if err == nil {
-		wait(ctx, n.between(n.hold))
+		hold := n.between(n.hold)
+		if n.probe != nil && (kind == FaultRegionCut || kind == FaultRegionOneWay) {
+			n.probe.run(ctx, time.Now().Add(hold), targets, others(nodes, targets...), kind)
+		}
+		wait(ctx, time.Until(f0.Add(hold)))
 	}
 	herr := heal()
 	if err != nil || herr != nil {
@@ -238,6 +311,17 @@ func (n *nemesis) partition(ctx context.Context, a, b []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func regionOf(regions [][]string, id string) []string {
+	for _, g := range regions {
+		for _, x := range g {
+			if x == id {
+				return g
+			}
+		}
+	}
+	return nil
 }
 
 func others(nodes []string, except ...string) []string {

@@ -39,6 +39,7 @@ type Summary struct {
 	ViolationFile  string                    `json:"violation_file,omitempty"`
 	UnsafeSettings []string                  `json:"unsafe_server_flags,omitempty"`
 	StateDigests   []history.NodeDigest      `json:"state_digests,omitempty"`
+	RegionProbes   *ProbeStats               `json:"region_probes,omitempty"`
 }
 
 // Summarize flattens a result for JSON output.
@@ -48,7 +49,11 @@ func (r *Result) Summarize() Summary {
 		Mode: r.Mode, Nodes: r.Nodes, Clients: r.Clients, Seed: r.Seed, DurationS: r.WorkloadSeconds, TotalS: r.TotalSeconds,
 		Keys: rep.Keys, OpsByKind: rep.OpsByKind, FaultsByKind: rep.FaultsByKind, FaultKinds: r.FaultKinds,
 		Linearizable: rep.LinearizabilityChecked, Undecided: rep.LinearizabilityUnknown, Details: rep.Details,
-		Notes: r.Notes, Cluster: r.Cluster, Proxy: r.Proxy, HistoryFile: r.HistoryFile, ViolationFile: r.ViolationFile}
+		Notes: r.Notes, Cluster: r.Cluster, Proxy: r.Proxy, HistoryFile: r.HistoryFile, ViolationFile: r.ViolationFile,
+		RegionProbes: r.Probes}
+	if r.Probes != nil && !r.Probes.OK() {
+		s.Passed = false
+	}
 	if r.History != nil {
 		s.UnsafeSettings = r.History.Meta.Unsafe
 		s.StateDigests = r.History.Digests
@@ -89,6 +94,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if r.History != nil && len(r.History.Digests) > 0 {
 		fmt.Fprintf(w, "digests:   %s\n", digestLine(r.History.Digests))
 	}
+	if r.Probes != nil {
+		fmt.Fprintf(w, "cut-off replicas: %s\n", r.Probes)
+	}
 	fmt.Fprintln(w)
 	if err := r.Report.WriteTable(w); err != nil {
 		return err
@@ -99,6 +107,11 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	if r.ViolationFile != "" {
 		fmt.Fprintf(w, "smallest offending history: %s\n", r.ViolationFile)
+	}
+	if r.Probes != nil && !r.Probes.OK() {
+		_, err := fmt.Fprintf(w, "RESULT: FAIL (%d violations; cut-off replicas: %d stale checks failed, %d wrong answers, %d past the deadline)\n",
+			r.Report.Total(), r.Probes.StaleFailed, r.Probes.Wrong, r.Probes.Late)
+		return err
 	}
 	if r.Report.OK() {
 		_, err := fmt.Fprintf(w, "RESULT: PASS (0 violations)\n")

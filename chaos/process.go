@@ -31,6 +31,16 @@ type ProcessConfig struct {
 	// ServeArgs are extra flags for every `serve` (e.g. a test-only knob).
 	ServeArgs []string
 	Logger    *slog.Logger
+	// Replicas read replicas (r1..rN) join the voters with
+	// `serve --join --read-replica`, their Raft address proxied like the
+	// voters'.
+	Replicas int
+	// Regions groups the nodes: voter n_i and replica r_i are in region
+	// ((i-1) mod Regions)+1, named "region1".. (0 or 1: one region).
+	Regions int
+	// WANDelay is added one way on every Raft link between two regions,
+	// also while faults hold (a fault's rule on a link replaces it).
+	WANDelay time.Duration
 }
 
 // processCluster runs N `dedupnode serve` processes on loopback. Each
@@ -41,6 +51,8 @@ type processCluster struct {
 	dir     string
 	ownDir  bool
 	ids     []string
+	voters  []string
+	region  map[string]string
 	raft    map[string]string // real Raft listener
 	grpc    map[string]string
 	proxied map[string]string // Raft address in the peer list
@@ -72,7 +84,7 @@ func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &processCluster{cfg: cfg, dir: cfg.Dir, raft: map[string]string{}, grpc: map[string]string{},
-		proxied: map[string]string{}, procs: map[string]*proc{}, log: cfg.Logger}
+		proxied: map[string]string{}, procs: map[string]*proc{}, log: cfg.Logger, region: map[string]string{}}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "dedupnode-chaos-*"); err != nil {
 			return nil, fmt.Errorf("process cluster: %w", err)
@@ -86,8 +98,16 @@ func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err
 		}
 	}()
 	var peers []string
-	for i := 1; i <= cfg.Nodes; i++ {
+	regions := max(cfg.Regions, 1)
+	for i := 1; i <= cfg.Nodes+cfg.Replicas; i++ {
 		id := fmt.Sprintf("n%d", i)
+		if i > cfg.Nodes {
+			id = fmt.Sprintf("r%d", i-cfg.Nodes)
+			c.region[id] = fmt.Sprintf("region%d", (i-cfg.Nodes-1)%regions+1)
+		} else {
+			c.voters = append(c.voters, id)
+			c.region[id] = fmt.Sprintf("region%d", (i-1)%regions+1)
+		}
 		c.ids = append(c.ids, id)
 		if c.raft[id], err = freePort(); err != nil {
 			return nil, err
@@ -98,15 +118,50 @@ func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err
 		if c.proxied[id], err = c.net.Add(id, "127.0.0.1:0", c.raft[id]); err != nil {
 			return nil, err
 		}
-		peers = append(peers, fmt.Sprintf("%s=%s=%s", id, c.proxied[id], c.grpc[id]))
+		if i <= cfg.Nodes {
+			peers = append(peers, fmt.Sprintf("%s=%s=%s", id, c.proxied[id], c.grpc[id]))
+		}
 	}
 	c.peers = strings.Join(peers, ",")
+	c.wan()
 	for _, id := range c.ids {
 		if err := c.Start(ctx, id); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// wan sets the base delay on every Raft link between two regions.
+func (c *processCluster) wan() {
+	if c.cfg.WANDelay <= 0 {
+		return
+	}
+	for _, a := range c.ids {
+		for _, b := range c.ids {
+			if c.region[a] != c.region[b] {
+				c.net.Set(a, b, netproxy.Rule{Delay: c.cfg.WANDelay})
+			}
+		}
+	}
+}
+
+// isReplica reports whether id is one of the read replicas.
+func (c *processCluster) isReplica(id string) bool { return strings.HasPrefix(id, "r") }
+
+// Regions returns each region's nodes, regions in name order (nil with
+// one region).
+func (c *processCluster) Regions() [][]string {
+	if c.cfg.Regions < 2 {
+		return nil
+	}
+	out := make([][]string, c.cfg.Regions)
+	for _, id := range c.ids {
+		var k int
+		fmt.Sscanf(c.region[id], "region%d", &k)
+		out[k-1] = append(out[k-1], id)
+	}
+	return out
 }
 
 // freePort returns a loopback address with a port free right now.
@@ -124,11 +179,29 @@ func (c *processCluster) Nodes() []string       { return append([]string(nil), c
 func (c *processCluster) Addr(id string) string { return c.grpc[id] }
 
 func (c *processCluster) Describe() string {
-	return fmt.Sprintf("%d local processes, data and logs in %s", len(c.ids), c.dir)
+	d := fmt.Sprintf("%d local processes", len(c.ids))
+	if c.cfg.Replicas > 0 {
+		d = fmt.Sprintf("%d voters + %d read replicas as local processes", len(c.voters), c.cfg.Replicas)
+	}
+	if c.cfg.Regions > 1 {
+		d += fmt.Sprintf(" in %d regions (%s)", c.cfg.Regions, c.layout())
+		if c.cfg.WANDelay > 0 {
+			d += fmt.Sprintf(", %v one way between regions on Raft links", c.cfg.WANDelay)
+		}
+	}
+	return d + ", data and logs in " + c.dir
+}
+
+func (c *processCluster) layout() string {
+	var parts []string
+	for i, g := range c.Regions() {
+		parts = append(parts, fmt.Sprintf("region%d: %s", i+1, strings.Join(g, ",")))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (c *processCluster) Caps() Caps {
-	return Caps{Cut: true, Slow: true, Notes: []string{
+	return Caps{Cut: true, Slow: true, Regions: c.cfg.Regions > 1, Notes: []string{
 		"network faults act on Raft links only (fault-injecting proxy); clients and node-to-node gRPC reach every node",
 		"packet loss is emulated by connection resets (a TCP proxy cannot drop single packets)",
 		"clock offsets are not injected (the nodes share the host clock)",
@@ -151,6 +224,14 @@ func (c *processCluster) Start(_ context.Context, id string) error {
 	}
 	args := []string{"serve", "--node-id", id, "--data-dir", dataDir,
 		"--raft-addr", c.raft[id], "--grpc-addr", c.grpc[id], "--peers", c.peers}
+	if c.isReplica(id) {
+		var join []string
+		for _, v := range c.voters {
+			join = append(join, c.grpc[v])
+		}
+		args = []string{"serve", "--node-id", id, "--data-dir", dataDir, "--raft-addr", c.raft[id],
+			"--raft-advertise", c.proxied[id], "--grpc-addr", c.grpc[id], "--join", strings.Join(join, ","), "--read-replica"}
+	}
 	args = append(args, c.cfg.ServeArgs...)
 	cmd := exec.Command(c.cfg.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -283,7 +364,20 @@ func (c *processCluster) Disconnect(context.Context, string) error {
 
 func (c *processCluster) HealNet(context.Context) error {
 	c.net.Heal()
+	c.wan()
 	return nil
+}
+
+// Delay sets delay one way on every Raft link between two regions (a
+// delay spike; HealNet restores the base WAN delay).
+func (c *processCluster) Delay(delay time.Duration) {
+	for _, a := range c.ids {
+		for _, b := range c.ids {
+			if c.region[a] != c.region[b] {
+				c.net.Set(a, b, netproxy.Rule{Delay: delay})
+			}
+		}
+	}
 }
 
 // ProxyStats returns the Raft proxies' counters.

@@ -30,9 +30,18 @@ type Config struct {
 	// Duration of the workload under faults (default 60 s). Healing,
 	// convergence and checking come on top (usually well under a minute).
 	Duration time.Duration
-	// Nodes in the cluster (default 3).
-	Nodes    int
-	Workload WorkloadConfig
+	// Nodes in the cluster (default 3): the voters.
+	Nodes int
+	// Replicas, Regions and WANDelay: read replicas, regions and the base
+	// delay between regions (process mode; see ProcessConfig). With
+	// regions, the region faults apply and every region-cut and
+	// region-one-way is probed on the cut region's replicas (ProbeStats)
+	// with ProbeDeadline (default 2 s) per check.
+	Replicas      int
+	Regions       int
+	WANDelay      time.Duration
+	ProbeDeadline time.Duration
+	Workload      WorkloadConfig
 	// Faults to draw from (default: every kind the mode supports). Empty
 	// after filtering means a run without faults.
 	Faults   []string
@@ -87,6 +96,12 @@ func (c *Config) withDefaults() Config {
 	if d.Seed == 0 {
 		d.Seed = time.Now().UnixNano()
 	}
+	if d.ProbeDeadline <= 0 {
+		d.ProbeDeadline = 2 * time.Second
+	}
+	if d.Replicas > 0 && d.Workload.MaxStaleness == 0 {
+		d.Workload.MaxStaleness = 2 * time.Second
+	}
 	if d.Converge <= 0 {
 		d.Converge = 2 * time.Minute
 	}
@@ -118,6 +133,7 @@ type Result struct {
 	// violations are repeated at the top level of the JSON output.
 	Report        *check.Report    `json:"report"`
 	Proxy         *netproxy.Stats  `json:"proxy,omitempty"`
+	Probes        *ProbeStats      `json:"region_probes,omitempty"`
 	HistoryFile   string           `json:"history_file,omitempty"`
 	ViolationFile string           `json:"violation_file,omitempty"`
 	History       *history.History `json:"-"`
@@ -138,8 +154,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	switch cfg.Mode {
 	case ModeProcess:
 		cl, err = StartProcessCluster(ctx, ProcessConfig{Binary: cfg.Binary, Nodes: cfg.Nodes, Dir: cfg.Dir,
-			KeepDir: cfg.KeepDir, ServeArgs: cfg.ServeArgs, Logger: log})
+			KeepDir: cfg.KeepDir, ServeArgs: cfg.ServeArgs, Logger: log,
+			Replicas: cfg.Replicas, Regions: cfg.Regions, WANDelay: cfg.WANDelay})
 	case ModeDocker:
+		if cfg.Replicas > 0 || cfg.Regions > 1 {
+			return nil, errors.New("read replicas and regions run in process mode only")
+		}
 		dc := cfg.Docker
 		dc.Nodes = cfg.Nodes
 		dc.Logger = log
@@ -196,6 +216,26 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	w := newWorkload(wl, cs, rec, cfg.Seed)
 	nem := &nemesis{c: cl, cs: cs, rec: rec, log: log, kinds: eligible, hold: cfg.Hold, rest: cfg.Rest,
 		rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 7))}
+	if pc, ok := cl.(*processCluster); ok && (cfg.Replicas > 0 || cfg.Regions > 1) {
+		nem.regions = pc.Regions()
+		replicas := map[string]bool{}
+		for _, id := range pc.ids {
+			if pc.isReplica(id) {
+				replicas[id] = true
+			}
+		}
+		rec.SetMeta(func(m *history.Meta) {
+			m.Regions = pc.region
+			for id := range replicas {
+				m.Replicas = append(m.Replicas, id)
+			}
+			sort.Strings(m.Replicas)
+		})
+		if len(replicas) > 0 && nem.regions != nil {
+			nem.probe = &regionProber{w: w, replicas: replicas, maxStaleness: wl.MaxStaleness, log: log,
+				stats: ProbeStats{Deadline: cfg.ProbeDeadline}}
+		}
+	}
 	if cfg.Started != nil {
 		cfg.Started(cl)
 	}
@@ -250,6 +290,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if pc, ok := cl.(*processCluster); ok {
 		st := pc.ProxyStats()
 		res.Proxy = &st
+	}
+	if nem.probe != nil {
+		ps := nem.probe.Stats()
+		res.Probes = &ps
 	}
 	if !rep.OK() {
 		if sub := check.Smallest(h, rep); sub != nil {
@@ -387,4 +431,6 @@ func finalDigests(ctx context.Context, cl Cluster, cs *conns, rec *history.Recor
 }
 
 // Failed reports whether the run found violations.
-func (r *Result) Failed() bool { return r.Report != nil && !r.Report.OK() }
+func (r *Result) Failed() bool {
+	return (r.Report != nil && !r.Report.OK()) || (r.Probes != nil && !r.Probes.OK())
+}

@@ -71,6 +71,9 @@ type WorkloadConfig struct {
 	ClaimShare float64
 	// Think is the most a client waits between operations (default 20 ms).
 	Think time.Duration
+	// MaxStaleness, if set, turns a third of the linearizable checks into
+	// bounded ones with this max staleness.
+	MaxStaleness time.Duration
 }
 
 func (w *WorkloadConfig) withDefaults() WorkloadConfig {
@@ -290,8 +293,11 @@ func (w *workload) client(ctx context.Context, id int) {
 		if r := w.float(); r < 0.3 {
 			if k, ok := w.recentKey(); ok {
 				cons := history.Linearizable
-				if r < 0.03 {
+				switch {
+				case r < 0.03:
 					cons = history.Stale
+				case r < 0.12 && w.cfg.MaxStaleness > 0:
+					cons = history.Bounded
 				}
 				w.check(ctx, id, &node, k, cons)
 			}
@@ -551,14 +557,20 @@ func (w *workload) check(ctx context.Context, client int, node *string, key, con
 		n := w.cs.ids[w.intn(len(w.cs.ids))]
 		node = &n
 	}
-	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Check, Key: key, Consistency: consistency})
-	cons := dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
-	if consistency == history.Stale {
-		cons = dedupv1.Consistency_CONSISTENCY_STALE
+	op := history.Op{Client: client, Kind: history.Check, Key: key, Consistency: consistency}
+	req := &dedupv1.CheckRequest{Namespace: w.cfg.Namespace, Consistency: dedupv1.Consistency_CONSISTENCY_LINEARIZABLE, Ids: [][]byte{[]byte(key)}}
+	switch consistency {
+	case history.Stale:
+		req.Consistency = dedupv1.Consistency_CONSISTENCY_STALE
+	case history.Bounded:
+		req.Consistency = dedupv1.Consistency_CONSISTENCY_BOUNDED
+		req.MaxStalenessMs = w.cfg.MaxStaleness.Milliseconds()
+		op.MaxStalenessMs = req.MaxStalenessMs
 	}
+	o := w.rec.Invoke(op)
 	var res *dedupv1.CheckResult
-	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
-		r, err := w.cs.dedup[id].Check(ctx, &dedupv1.CheckRequest{Namespace: w.cfg.Namespace, Consistency: cons, Ids: [][]byte{[]byte(key)}})
+	out, errText := w.invoke(ctx, node, o, func(ctx context.Context, id string) error {
+		r, err := w.cs.dedup[id].Check(ctx, req)
 		if err == nil && len(r.Results) != 1 {
 			err = errShort
 		}
@@ -574,8 +586,8 @@ func (w *workload) check(ctx context.Context, client int, node *string, key, con
 	} else {
 		out = history.Fail // a read that got no answer had no effect
 	}
-	w.rec.Complete(op, out, result, rec, errText)
-	return op
+	w.rec.Complete(o, out, result, rec, errText)
+	return o
 }
 
 func markCode(c dedupv1.MarkResult_Code) string {

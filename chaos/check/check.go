@@ -484,15 +484,20 @@ func (c *checker) lostWrites(kh *keyHist) {
 }
 
 // staleReads finds linearizable NOT_SEEN answers after an acknowledged
-// write that was still live.
+// write that was still live, and bounded NOT_SEEN answers after one
+// acknowledged more than the check's max staleness before it started.
 func (c *checker) staleReads(kh *keyHist) {
 	margin := c.opt.Margin.Nanoseconds()
 	for _, chk := range kh.ops {
 		if chk.Kind != history.Check || !chk.Acked() || chk.Result != history.NotSeen || chk.Consistency == history.Stale {
 			continue
 		}
+		since := chk.Start
+		if chk.Consistency == history.Bounded {
+			since -= chk.MaxStalenessMs * int64(time.Millisecond)
+		}
 		for _, w := range kh.ops {
-			if !w.Acked() || w.Record == nil || end(w) >= chk.Start {
+			if !w.Acked() || w.Record == nil || end(w) >= since {
 				continue
 			}
 			if w.Record.ExpiresMs*int64(time.Millisecond) <= chk.End+margin {
@@ -509,8 +514,8 @@ func (c *checker) staleReads(kh *keyHist) {
 				continue
 			}
 			c.violate(NoStaleRead, kh.key, []*history.Op{w, chk},
-				"check (op %d, %s..%s on %s) answered not_seen after %s %s (op %d) completed at %s, live until %s",
-				chk.Seq, wall(chk.Start), wall(chk.End), chk.Node, w.Kind, w.Result, w.Seq, wall(w.End), wallMs(w.Record.ExpiresMs))
+				"%s check (op %d, %s..%s on %s) answered not_seen after %s %s (op %d) completed at %s, live until %s",
+				chk.Consistency, chk.Seq, wall(chk.Start), wall(chk.End), chk.Node, w.Kind, w.Result, w.Seq, wall(w.End), wallMs(w.Record.ExpiresMs))
 			break
 		}
 	}

@@ -376,3 +376,19 @@ func TestStateDigests(t *testing.T) {
 		wantOnly(t, run(t, base().digests(nd("n1", 7, "d1"), nd("n2", 7, "d1"))), Converged)
 	})
 }
+
+// A bounded check may miss a write acknowledged within its max staleness
+// before it started, never one acknowledged earlier.
+func TestBoundedCheckMayMissOnlyRecentWrites(t *testing.T) {
+	b := newBuilder().
+		mark(0, "m1", "aa", 0, 30, history.New, "aa", 10).
+		add(history.Op{Client: 1, Kind: history.Check, Key: "m1", Consistency: history.Bounded, MaxStalenessMs: 1000, Start: at(500), End: at(510), Result: history.NotSeen}).
+		final("m1", 10000, committed("aa", 10))
+	wantOnly(t, run(t, b))
+
+	b = newBuilder().
+		mark(0, "m1", "aa", 0, 30, history.New, "aa", 10).
+		add(history.Op{Client: 1, Kind: history.Check, Key: "m1", Consistency: history.Bounded, MaxStalenessMs: 1000, Start: at(1500), End: at(1510), Result: history.NotSeen}).
+		final("m1", 10000, committed("aa", 10))
+	wantOnly(t, run(t, b), NoStaleRead)
+}

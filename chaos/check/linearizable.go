@@ -111,7 +111,7 @@ func (c *checker) linearizable(kh *keyHist) {
 			ops = append(ops, op)
 			involved = append(involved, o)
 		case history.Check:
-			if !o.Acked() || o.Consistency == history.Stale {
+			if !o.Acked() || o.Consistency == history.Stale || o.Consistency == history.Bounded {
 				continue
 			}
 			ops = append(ops, porcupine.Operation{ClientId: o.Client, Input: linInput{kind: history.Check},

@@ -65,6 +65,9 @@ const (
 const (
 	Linearizable = "linearizable"
 	Stale        = "stale"
+	// Bounded checks carry MaxStalenessMs: they must see every write
+	// acknowledged more than that long before they started.
+	Bounded = "bounded"
 )
 
 // Record is the stored state of an ID as a server returned it.
@@ -89,8 +92,10 @@ type Op struct {
 	Token string `json:"token,omitempty"`
 	// Fence is the fencing token given (Commit, Release).
 	Fence uint64 `json:"fence,omitempty"`
-	// Consistency of a Check: linearizable or stale.
+	// Consistency of a Check: linearizable, stale or bounded.
 	Consistency string `json:"consistency,omitempty"`
+	// MaxStalenessMs of a bounded Check.
+	MaxStalenessMs int64 `json:"max_staleness_ms,omitempty"`
 	// Node is the node the operation was first sent to.
 	Node     string `json:"node,omitempty"`
 	Attempts int    `json:"attempts,omitempty"`
@@ -159,6 +164,10 @@ type Meta struct {
 	Note     string   `json:"note,omitempty"`
 	Unsafe   []string `json:"unsafe,omitempty"` // server knobs that break guarantees on purpose
 	Finished bool     `json:"finished"`         // final reads were taken
+	// Replicas are the read replicas among Nodes; Regions maps a node to
+	// its region (runs with --replicas / --regions).
+	Replicas []string          `json:"replicas,omitempty"`
+	Regions  map[string]string `json:"regions,omitempty"`
 }
 
 // History is everything a chaos run recorded.

@@ -46,7 +46,18 @@ Modes:
 
 Faults (--faults, default all the mode supports): kill-leader, kill-random,
 restart, pause-leader, pause-random, isolate-leader, split, one-way,
-asymmetric, slow, disconnect (docker), kill-all.
+asymmetric, slow, disconnect (docker), kill-all; with --regions 2 or more
+also region-cut, region-one-way, region-delay, kill-leader-region.
+
+Across regions (process mode): --replicas N adds N read replicas (r1..rN)
+that join with --read-replica; --regions K groups voter n_i and replica
+r_i into region ((i-1) mod K)+1; --wan-delay D adds D one way on Raft links
+between regions. A third of the linearizable checks become bounded ones
+(--max-staleness, default 2s). During every region-cut and region-one-way
+the runner marks a fresh ID elsewhere, waits past the max staleness and
+asks each replica of the cut region a stale, a bounded and a linearizable
+check (--probe-deadline each): stale must answer, the others must answer
+seen or fail within the deadline; 'cut-off replicas' reports the counts.
 
 It prints a table (or --output json with operations, faults and violations)
 and exits 1 when an invariant was violated, after writing the smallest
@@ -86,6 +97,9 @@ func newChaosCmd() *cobra.Command {
 			}
 			if cfg.Nodes < 1 || (cfg.Mode == chaos.ModeDocker && cfg.Nodes != 3 && cfg.Nodes != 5) {
 				return usagef("--nodes %d: want at least 1 (process) or 3 or 5 (docker)", cfg.Nodes)
+			}
+			if err := chaosRegionFlagsValid(&cfg); err != nil {
+				return err
 			}
 			if cfg.Duration <= 0 || cfg.Workload.Clients < 1 {
 				return usagef("--duration and --clients must be positive")
@@ -131,6 +145,9 @@ func newChaosCmd() *cobra.Command {
 				return err
 			}
 			if res.Failed() {
+				if res.Report.OK() && res.Probes != nil {
+					return &opError{err: fmt.Errorf("cut-off replicas misbehaved: %s", res.Probes), hint: "see the WARN lines above"}
+				}
 				return violationsError(res.Report, res.ViolationFile)
 			}
 			return nil
@@ -141,6 +158,7 @@ func newChaosCmd() *cobra.Command {
 	cfg.Duration = time.Minute
 	fs.Var(durationValue{&cfg.Duration}, "duration", "how long (`DURATION`) the workload runs under faults (healing, catching up and checking come on top)")
 	fs.IntVar(&cfg.Nodes, "nodes", 3, "cluster size `N` (docker: 3 or 5)")
+	registerChaosRegionFlags(fs, &cfg)
 	fs.IntVar(&cfg.Workload.Clients, "clients", 8, "concurrent clients `N`")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text (table) or json")
 	fs.StringSliceVar(&faults, "faults", nil, "fault `KINDS` to draw from, comma-separated (default: all the mode supports)")
