@@ -31,6 +31,10 @@ import (
 type Status struct {
 	NodeID  string `json:"node_id"`
 	Version string `json:"version,omitempty"`
+	// Region is this node's region (serve --region); PreferredLeaderRegions
+	// the cluster setting.
+	Region                 string   `json:"region,omitempty"`
+	PreferredLeaderRegions []string `json:"preferred_leader_regions,omitempty"`
 	// State is the node's Raft state: leader, follower, candidate, shutdown.
 	State          string `json:"state"`
 	LeaderID       string `json:"leader_id"`
@@ -68,6 +72,10 @@ type Member struct {
 	GRPCAddr string `json:"grpc_addr"`
 	// Suffrage is voter or nonvoter.
 	Suffrage string `json:"suffrage"`
+	// Region is the member's region as the node table records it;
+	// Preferred says it is one of the preferred leader regions.
+	Region    string `json:"region,omitempty"`
+	Preferred bool   `json:"preferred,omitempty"`
 	// Role is leader, follower, candidate, or "" when unknown.
 	Role string `json:"role"`
 	// AppliedIndex is the member's applied index when known; Lag is how

@@ -72,7 +72,8 @@ var Methods = map[string]Rule{
 	// Export enumerates a namespace: more than Check's one-ID-at-a-time read.
 	dedupv1.Ops_Export_FullMethodName: {Admin, ScopeNamespace},
 	// The fencing epoch is cluster-wide (and finite: 65535 epochs).
-	dedupv1.Ops_RaiseFenceEpoch_FullMethodName: {Admin, ScopeAll},
+	dedupv1.Ops_RaiseFenceEpoch_FullMethodName:   {Admin, ScopeAll},
+	dedupv1.Ops_SetClusterSetting_FullMethodName: {Admin, ScopeAll},
 	// Digest reveals no data but scans the node's whole state.
 	dedupv1.Ops_Digest_FullMethodName: {Admin, ScopeAll},
 

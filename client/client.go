@@ -46,6 +46,12 @@ type Client struct {
 	discovering chan struct{}
 	closed      bool
 	pipes       map[*grpc.ClientConn]*Pipeline // TransportStream, per node
+	// regions maps node addresses to their regions (from Status members);
+	// rtts holds each address's last Status round trip; avoid, when an
+	// address last failed a regional read (WithRegion).
+	regions map[string]string
+	rtts    map[string]time.Duration
+	avoid   map[string]time.Time
 }
 
 // New returns a client for the cluster whose nodes listen on addrs
@@ -59,7 +65,8 @@ func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}, links: map[string]*link{}}
+	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}, links: map[string]*link{},
+		regions: map[string]string{}, rtts: map[string]time.Duration{}, avoid: map[string]time.Time{}}
 	for _, a := range addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return nil, fmt.Errorf("dedupnode client: address %q: want host:port: %w", a, err)
@@ -176,6 +183,12 @@ func (c *Client) learn(from string, st *dedupv1.StatusResponse) {
 		if a := m.GetGrpcAddr(); a != "" && !slices.Contains(c.addrs, a) {
 			c.addrs = append(c.addrs, a)
 		}
+		if a := m.GetGrpcAddr(); a != "" && m.GetRegion() != "" {
+			c.regions[a] = m.GetRegion()
+		}
+	}
+	if from != "" && st.GetRegion() != "" {
+		c.regions[from] = st.GetRegion()
 	}
 	if a := st.GetLeaderGrpcAddr(); a != "" {
 		if !slices.Contains(c.addrs, a) {
@@ -244,11 +257,15 @@ func (c *Client) discover(ctx context.Context) {
 			continue
 		}
 		go func() {
+			start := time.Now()
 			st, err := dedupv1.NewAdminClient(cc).Status(dctx, &dedupv1.StatusRequest{})
 			if err != nil {
 				found <- answer{}
 				return
 			}
+			c.mu.Lock()
+			c.rtts[a] = time.Since(start)
+			c.mu.Unlock()
 			found <- answer{a, st}
 		}()
 	}
@@ -277,13 +294,76 @@ const (
 	// toLeaderStream: a stream to the leader; it runs as long as it takes
 	// (no per-attempt timeout) and is not retried once it delivered data.
 	toLeaderStream
+	// toRegionOrLeader, toRegionOrAny: a read; with WithRegion, a node of
+	// that region (the fastest to answer Status, not one that just
+	// failed), else toLeader or toAny.
+	toRegionOrLeader
+	toRegionOrAny
 )
+
+// readTarget is where a read of consistency cons goes.
+func (c *Client) readTarget(stale bool) target {
+	switch {
+	case c.opts.region != "" && stale:
+		return toRegionOrAny
+	case c.opts.region != "":
+		return toRegionOrLeader
+	case stale:
+		return toAny
+	}
+	return toLeader
+}
+
+// regionalLocked returns the address of the region's node to read from,
+// "" if none is known and reachable: the fastest Status round trip among
+// those not failed within the last second (all of them if each did).
+func (c *Client) regionalLocked() string {
+	var best, bestAvoided string
+	for _, a := range c.addrs {
+		if c.regions[a] != c.opts.region || c.downLocked(a) {
+			continue
+		}
+		faster := func(cur string) bool {
+			if cur == "" {
+				return true
+			}
+			ra, oka := c.rtts[a]
+			rc, okc := c.rtts[cur]
+			return oka && (!okc || ra < rc)
+		}
+		if time.Since(c.avoid[a]) < time.Second {
+			if faster(bestAvoided) {
+				bestAvoided = a
+			}
+			continue
+		}
+		if faster(best) {
+			best = a
+		}
+	}
+	if best == "" {
+		return bestAvoided
+	}
+	return best
+}
 
 // pick returns the address for the next attempt: the leader when known and
 // wanted, else the current node of the rotation.
 func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, *link, error) {
 	if t == toLeaderStream {
 		t = toLeader
+	}
+	if t == toRegionOrLeader || t == toRegionOrAny {
+		c.mu.Lock()
+		addr := c.regionalLocked()
+		if addr != "" {
+			cc, err := c.connLocked(addr)
+			l := c.linkLocked(addr)
+			c.mu.Unlock()
+			return addr, cc, l, err
+		}
+		c.mu.Unlock()
+		t = map[target]target{toRegionOrLeader: toLeader, toRegionOrAny: toAny}[t]
 	}
 	if t == toLeader && c.Leader() == "" {
 		c.discover(ctx)
@@ -321,6 +401,9 @@ func (c *Client) failed(addr string) {
 	defer c.mu.Unlock()
 	if c.leader == addr {
 		c.leader = ""
+	}
+	if c.opts.region != "" && c.regions[addr] == c.opts.region {
+		c.avoid[addr] = time.Now()
 	}
 	if c.addrs[c.cursor%len(c.addrs)] == addr {
 		c.cursor++

@@ -16,7 +16,8 @@ import (
 // to the leader and never answers not_seen for an acknowledged Mark; Stale
 // answers from one node alone; Bounded from one node alone when it can
 // show it is at most the client's max staleness (WithMaxStaleness) behind,
-// else through the leader's read index.
+// else through the leader's read index. With WithRegion, every check goes
+// to a node of that region (which asks the leader for the read index).
 //
 // Errors: NotFound (unknown namespace), InvalidArgument (empty or too long
 // ID, batch too large, Bounded without WithMaxStaleness), Unavailable once
@@ -58,10 +59,7 @@ func (c *Client) CheckBounded(ctx context.Context, namespace string, ids [][]byt
 
 func (c *Client) check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
 	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
-	t := toLeader
-	if consistency != Linearizable {
-		t = toAny
-	}
+	t := c.readTarget(consistency != Linearizable)
 	var resp *dedupv1.CheckResponse
 	err := c.invoke(ctx, "check", t, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
 		resp, err = c.dedup(ctx, cc).Check(ctx, req)

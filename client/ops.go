@@ -250,3 +250,16 @@ func partial(delivered bool, err error) error {
 	}
 	return err
 }
+
+// SetClusterSetting sets a replicated cluster setting through the Raft log
+// (forwarded to the leader); unset clears it. Known settings:
+// "preferred-leader-regions" (comma-separated regions; leadership moves to
+// a caught-up voter in the first one that has one). Errors:
+// InvalidArgument for an unknown name or a bad value.
+func (c *Client) SetClusterSetting(ctx context.Context, name, value string, unset bool) error {
+	req := &dedupv1.SetClusterSettingRequest{Name: name, Value: value, Unset: unset}
+	return c.invoke(ctx, "set cluster setting", toLeader, func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := dedupv1.NewOpsClient(cc).SetClusterSetting(ctx, req)
+		return err
+	})
+}

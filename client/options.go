@@ -37,6 +37,7 @@ type options struct {
 	window      int
 	// maxStaleness is what Check with Bounded accepts (WithMaxStaleness).
 	maxStaleness time.Duration
+	region       string
 }
 
 func defaultOptions() options {
@@ -138,4 +139,18 @@ func WithLogger(l *slog.Logger) Option {
 			o.logger = l
 		}
 	}
+}
+
+// WithRegion names the region the client runs in (a node's serve
+// --region). Checks, of every consistency, then go to a node of that
+// region — the one that answered the client's status probes fastest —
+// so that a stale check (and a Bloom "definitely not") never crosses a
+// WAN link, and a linearizable one crosses it once, inside the cluster,
+// in a read-index round shared with the region's other checks. Writes
+// still go to the leader; send them through a Batcher so that one WAN
+// round trip carries many IDs. When no node of the region is known or
+// reachable, checks go where they would without the option (linearizable
+// to the leader, stale to any node). Default: no region.
+func WithRegion(name string) Option {
+	return func(o *options) { o.region = name }
 }

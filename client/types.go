@@ -314,6 +314,9 @@ type Member struct {
 	// (a read replica: promoted only on request).
 	Suffrage string `json:"suffrage"`
 	Leader   bool   `json:"leader"`
+	// Region is the member's region as the cluster records it ("" if
+	// none is known).
+	Region string `json:"region,omitempty"`
 }
 
 // BloomStatus reports a node's Bloom filters.
@@ -361,6 +364,10 @@ type Status struct {
 	// ReadReplica: the node is a read replica (a non-voter the leader
 	// never promotes; its Member.Suffrage is "replica").
 	ReadReplica bool `json:"read_replica"`
+	// Region is the node's region (serve --region); PreferredLeaderRegions
+	// the cluster setting as the node applied it.
+	Region                 string   `json:"region,omitempty"`
+	PreferredLeaderRegions []string `json:"preferred_leader_regions,omitempty"`
 }
 
 // DiskStatus is a node's data directory filesystem as it last measured it.
@@ -522,23 +529,25 @@ func (n Namespace) proto() *dedupv1.Namespace {
 
 func statusOf(s *dedupv1.StatusResponse) Status {
 	out := Status{
-		NodeID:            s.GetNodeId(),
-		ReadReplica:       s.GetReadReplica(),
-		State:             s.GetState(),
-		LeaderID:          s.GetLeaderId(),
-		LeaderGRPCAddr:    s.GetLeaderGrpcAddr(),
-		Term:              s.GetTerm(),
-		CommitIndex:       s.GetCommitIndex(),
-		AppliedIndex:      s.GetAppliedIndex(),
-		LastSnapshotIndex: s.GetLastSnapshotIndex(),
-		Members:           make([]Member, 0, len(s.GetMembers())),
-		IDsStored:         s.GetIdsStored(),
-		LeaderTime:        timeOf(s.GetLeaderTimeUnixMs()),
-		Buckets:           s.GetBuckets(),
-		Healthy:           s.GetHealthy(),
-		HealthReason:      s.GetHealthReason(),
-		LogStoreStalled:   s.GetLogStoreStalled(),
-		LogStoreMaxWrite:  time.Duration(s.GetLogStoreMaxWriteMs()) * time.Millisecond,
+		NodeID:                 s.GetNodeId(),
+		ReadReplica:            s.GetReadReplica(),
+		State:                  s.GetState(),
+		LeaderID:               s.GetLeaderId(),
+		LeaderGRPCAddr:         s.GetLeaderGrpcAddr(),
+		Term:                   s.GetTerm(),
+		CommitIndex:            s.GetCommitIndex(),
+		AppliedIndex:           s.GetAppliedIndex(),
+		LastSnapshotIndex:      s.GetLastSnapshotIndex(),
+		Members:                make([]Member, 0, len(s.GetMembers())),
+		IDsStored:              s.GetIdsStored(),
+		LeaderTime:             timeOf(s.GetLeaderTimeUnixMs()),
+		Buckets:                s.GetBuckets(),
+		Healthy:                s.GetHealthy(),
+		HealthReason:           s.GetHealthReason(),
+		LogStoreStalled:        s.GetLogStoreStalled(),
+		LogStoreMaxWrite:       time.Duration(s.GetLogStoreMaxWriteMs()) * time.Millisecond,
+		Region:                 s.GetRegion(),
+		PreferredLeaderRegions: s.GetPreferredLeaderRegions(),
 	}
 	if d := s.GetDisk(); d != nil {
 		out.Disk = DiskStatus{DataDir: d.GetDataDir(), FreeBytes: d.GetFreeBytes(), TotalBytes: d.GetTotalBytes(),
@@ -548,7 +557,7 @@ func statusOf(s *dedupv1.StatusResponse) Status {
 	for _, m := range s.GetMembers() {
 		out.Members = append(out.Members, Member{
 			ID: m.GetId(), RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr(),
-			Suffrage: m.GetSuffrage(), Leader: m.GetLeader(),
+			Suffrage: m.GetSuffrage(), Leader: m.GetLeader(), Region: m.GetRegion(),
 		})
 	}
 	if b := s.GetBloom(); b != nil {

@@ -70,6 +70,28 @@ type Config struct {
 	// include itself). A node with existing state ignores it, except that
 	// a leader records the peers' client addresses.
 	Peers []Peer
+	// Region names where this node runs (e.g. "eu-west"); "" for none.
+	// The leader records it in the replicated node table (RegionProbe asks
+	// the other nodes theirs), so every node knows every node's region.
+	Region string
+	// SeedSettings are cluster settings (e.g.
+	// SettingPreferredLeaderRegions) the leader records when the cluster
+	// has no value for them yet: a bootstrap seeds them; afterwards they
+	// change through SetSetting only.
+	SeedSettings map[string]string
+	// PreferHold is how long a leader outside the preferred leader regions
+	// waits, while a voter inside exists, before handing leadership over
+	// (default 10 s); PreferMinInterval is the least time between two such
+	// hand-overs by one node (default 30 s); a node elected again within
+	// PreferFlapWindow (default 2 min) of handing leadership away doubles
+	// its hold (up to 16×), so an unhealthy preferred region cannot make
+	// leadership flap.
+	PreferHold        time.Duration
+	PreferMinInterval time.Duration
+	PreferFlapWindow  time.Duration
+	// RegionProbe, if set, lets the leader ask a node its region (the
+	// server wires it to Admin.Status).
+	RegionProbe RegionProbe
 	// Logger receives everything, Raft's own logs at WARN and above.
 	Logger *slog.Logger
 	// FSM configures the state machine; Dir is always DataDir/fsm.
@@ -201,6 +223,15 @@ func (c *Config) withDefaults() Config {
 	if d.PromoteMaxLag == 0 {
 		d.PromoteMaxLag = 256
 	}
+	if d.PreferHold <= 0 {
+		d.PreferHold = 10 * time.Second
+	}
+	if d.PreferMinInterval <= 0 {
+		d.PreferMinInterval = 30 * time.Second
+	}
+	if d.PreferFlapWindow <= 0 {
+		d.PreferFlapWindow = 2 * time.Minute
+	}
 	return d
 }
 
@@ -225,6 +256,9 @@ func (c *Config) validate() error {
 	}
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("GRPCAddr is required"))
+	}
+	if err := CheckRegion(c.Region); err != nil {
+		errs = append(errs, fmt.Errorf("Region: %w", err))
 	}
 	if len(c.Peers) > 0 {
 		self := false

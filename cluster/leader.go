@@ -87,9 +87,11 @@ func (n *Node) startTerm() func() {
 //     (no-op and barrier entries never reach it), so a read index can be
 //     waited for with fsm.WaitApplied on any node.
 //  3. Ready: Propose and ReadIndex are served from now on.
-//  4. Every TickInterval: propose an OpTick if buckets expired, and promote
-//     caught-up non-voters (read replicas excluded). Every StampInterval:
-//     an OpTick if the log went idle and read replicas exist.
+//  4. Every TickInterval: propose an OpTick if buckets expired, promote
+//     caught-up non-voters (read replicas excluded), record the regions
+//     the node table lacks, and hand leadership to a preferred region
+//     (regions.go). Every StampInterval: an OpTick if the log went idle
+//     and read replicas exist.
 func (n *Node) leaderTerm(ctx context.Context) {
 	term := n.raft.CurrentTerm()
 	if err := waitFuture(ctx, n.raft.Barrier(0)); err != nil {
@@ -123,6 +125,7 @@ func (n *Node) leaderTerm(ctx context.Context) {
 	n.log.Info("leader ready", "term", term)
 
 	nonvoterSince := map[raft.ServerID]time.Time{}
+	n.termPlacement()
 	t := time.NewTicker(n.cfg.TickInterval)
 	defer t.Stop()
 	var stampC <-chan time.Time
@@ -136,6 +139,8 @@ func (n *Node) leaderTerm(ctx context.Context) {
 		case <-t.C:
 			n.expireTick(ctx)
 			n.promote(ctx, nonvoterSince)
+			n.syncRegions(ctx)
+			n.placeLeader(ctx)
 		case <-stampC:
 			n.stampTick(ctx)
 		case <-ctx.Done():
@@ -172,6 +177,7 @@ func (n *Node) termStartOps() []fsm.Op {
 			ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: p.ID, GRPCAddr: p.GRPCAddr}})
 		}
 	}
+	ops = append(ops, n.regionOps()...)
 	if len(ops) == 0 {
 		ops = append(ops, fsm.Op{Kind: fsm.OpTick})
 	}

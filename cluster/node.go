@@ -67,6 +67,8 @@ type Node struct {
 
 	prop  *proposer
 	reads *readIndexer
+	// place is the leader's placement state (regions.go).
+	place placement
 
 	stop     chan struct{}
 	raftDown chan struct{} // closed once raft.Shutdown has returned
@@ -470,6 +472,7 @@ type Member struct {
 	GRPCAddr string
 	Suffrage string // "voter", "nonvoter" (catching up, then promoted) or "replica" (read replica)
 	Leader   bool
+	Region   string // as the node table records it; "" if unknown
 }
 
 // Status is this node's view of the cluster.
@@ -517,6 +520,7 @@ func (n *Node) Status() (Status, error) {
 		return s, fmt.Errorf("read raft configuration: %w", err)
 	}
 	replicas := n.fsm.Replicas()
+	regions := n.fsm.NodeRegions()
 	for _, srv := range cf.Configuration().Servers {
 		suffrage := "voter"
 		switch srv.Suffrage {
@@ -534,6 +538,7 @@ func (n *Node) Status() (Status, error) {
 			GRPCAddr: n.grpcAddrOf(string(srv.ID)),
 			Suffrage: suffrage,
 			Leader:   string(srv.ID) == lid,
+			Region:   regions[string(srv.ID)],
 		})
 	}
 	return s, nil

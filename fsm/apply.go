@@ -457,6 +457,14 @@ func (a *applier) op(op *Op) OpResult {
 		st.nodes[op.Node.ID] = op.Node.GRPCAddr
 		must(a.b.Set(storage.NodeKey(op.Node.ID), []byte(op.Node.GRPCAddr), nil))
 		return OpResult{}
+	case OpSetNodeRegion:
+		if op.Node.ID == "" {
+			return OpResult{Err: invalid("node.id", "empty")}
+		}
+		st.nodes[op.Node.ID] = op.Node.GRPCAddr
+		must(a.b.Set(storage.NodeKey(op.Node.ID), []byte(op.Node.GRPCAddr), nil))
+		a.setRegion(op.Node.ID, op.Node.Region)
+		return OpResult{}
 	case OpRemoveNode:
 		if _, ok := st.nodes[op.Node.ID]; !ok {
 			return OpResult{Err: fmt.Errorf("%w: %q", ErrNodeNotFound, op.Node.ID)}
@@ -467,6 +475,7 @@ func (a *applier) op(op *Op) OpResult {
 			delete(st.roles, op.Node.ID)
 			must(a.b.Delete(storage.NodeRoleKey(op.Node.ID), nil))
 		}
+		a.setRegion(op.Node.ID, "")
 		return OpResult{}
 	case OpSetNodeRole:
 		if op.Node.ID == "" {
@@ -479,6 +488,20 @@ func (a *applier) op(op *Op) OpResult {
 		}
 		st.roles[op.Node.ID] = op.Node.Role
 		must(a.b.Set(storage.NodeRoleKey(op.Node.ID), []byte{byte(op.Node.Role)}, nil))
+		return OpResult{}
+	case OpSetSetting:
+		if op.Setting.Name == "" {
+			return OpResult{Err: invalid("setting.name", "empty")}
+		}
+		if op.Setting.Unset {
+			if _, ok := st.settings[op.Setting.Name]; ok {
+				delete(st.settings, op.Setting.Name)
+				must(a.b.Delete(storage.SettingKey(op.Setting.Name), nil))
+			}
+			return OpResult{}
+		}
+		st.settings[op.Setting.Name] = op.Setting.Value
+		must(a.b.Set(storage.SettingKey(op.Setting.Name), []byte(op.Setting.Value), nil))
 		return OpResult{}
 	}
 	name := op.Namespace
@@ -503,6 +526,20 @@ func (a *applier) op(op *Op) OpResult {
 		res.Items[i] = a.item(op, ns, &op.Items[i])
 	}
 	return res
+}
+
+// setRegion records node id's region ("" removes it).
+func (a *applier) setRegion(id, region string) {
+	st := &a.f.st
+	if region == "" {
+		if _, ok := st.regions[id]; ok {
+			delete(st.regions, id)
+			must(a.b.Delete(storage.NodeRegionKey(id), nil))
+		}
+		return
+	}
+	st.regions[id] = region
+	must(a.b.Set(storage.NodeRegionKey(id), []byte(region), nil))
 }
 
 func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {

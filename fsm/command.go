@@ -37,10 +37,17 @@ const (
 	// own. The leader proposes it before adding a replica to the Raft
 	// configuration, so no leader ever sees a replica without its role.
 	OpSetNodeRole OpKind = 14
+	// OpSetNodeRegion is OpSetNode with the node's region (Node.Region;
+	// "" removes the recorded region). A separate kind keeps clusters that
+	// use no regions writing the entries older nodes read.
+	OpSetNodeRegion OpKind = 15
+	// OpSetSetting sets the cluster setting Setting.Name to Setting.Value
+	// (Setting.Unset removes it).
+	OpSetSetting OpKind = 16
 )
 
 // maxOpKind is the largest OpKind DecodeCommand accepts.
-const maxOpKind = OpSetNodeRole
+const maxOpKind = OpSetSetting
 
 func (k OpKind) String() string {
 	switch k {
@@ -72,6 +79,10 @@ func (k OpKind) String() string {
 		return "raise-fence-epoch"
 	case OpSetNodeRole:
 		return "set-node-role"
+	case OpSetNodeRegion:
+		return "set-node-region"
+	case OpSetSetting:
+		return "set-setting"
 	}
 	return fmt.Sprintf("op(%d)", uint8(k))
 }
@@ -107,14 +118,19 @@ type Op struct {
 	// FenceEpoch is the epoch OpRaiseFenceEpoch raises the state's to (if
 	// it is lower), at most MaxFenceEpoch.
 	FenceEpoch uint64
+	// Setting is the cluster setting of OpSetSetting.
+	Setting Setting
 }
 
-// NodeInfo maps a Raft server ID to the address clients use.
+// NodeInfo maps a Raft server ID to the address clients use and, with
+// OpSetNodeRegion, the node's region.
 type NodeInfo struct {
 	ID       string
 	GRPCAddr string
 	// Role is the node's role (OpSetNodeRole only).
 	Role NodeRole
+	// Region is the node's region (OpSetNodeRegion only).
+	Region string
 }
 
 // NodeRole is what the leader may do with a node's Raft suffrage.
@@ -138,6 +154,14 @@ func (r NodeRole) String() string {
 		return "replica"
 	}
 	return fmt.Sprintf("role(%d)", uint8(r))
+}
+
+// Setting is one replicated cluster setting (see Settings).
+type Setting struct {
+	Name  string
+	Value string
+	// Unset removes the setting (a setting set to "" is present).
+	Unset bool
 }
 
 // Command is the payload of one Raft log entry: the leader's timestamp and
@@ -165,6 +189,8 @@ const (
 	// MaxIDBytesLimit is the largest MaxIDBytes a namespace may configure.
 	MaxIDBytesLimit = 4096
 	maxNameBytes    = 128
+	// MaxSettingBytes bounds a cluster setting's value.
+	MaxSettingBytes = 4096
 	maxAddrBytes    = 256
 )
 
@@ -254,6 +280,18 @@ func AppendCommand(dst []byte, c *Command) []byte {
 		case OpSetNode, OpRemoveNode:
 			dst = appendBytes(dst, []byte(op.Node.ID))
 			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
+		case OpSetNodeRegion:
+			dst = appendBytes(dst, []byte(op.Node.ID))
+			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
+			dst = appendBytes(dst, []byte(op.Node.Region))
+		case OpSetSetting:
+			dst = appendBytes(dst, []byte(op.Setting.Name))
+			dst = appendBytes(dst, []byte(op.Setting.Value))
+			if op.Setting.Unset {
+				dst = append(dst, 1)
+			} else {
+				dst = append(dst, 0)
+			}
 		case OpRaiseFenceEpoch:
 			dst = binary.AppendUvarint(dst, op.FenceEpoch)
 		case OpSetNodeRole:
@@ -290,6 +328,10 @@ func EncodedOpSize(op *Op) int {
 		n += 1 + len(op.Config.Name) + 7*binary.MaxVarintLen64 + 1
 	case OpSetNode, OpRemoveNode:
 		n += 2 + len(op.Node.ID) + 2 + len(op.Node.GRPCAddr)
+	case OpSetNodeRegion:
+		n += 2 + len(op.Node.ID) + 2 + len(op.Node.GRPCAddr) + 2 + len(op.Node.Region)
+	case OpSetSetting:
+		n += 2 + len(op.Setting.Name) + 3 + len(op.Setting.Value) + 1
 	case OpRaiseFenceEpoch:
 		n += binary.MaxVarintLen64
 	case OpSetNodeRole:
@@ -373,6 +415,20 @@ func DecodeCommand(data []byte) (Command, error) {
 		case OpSetNode, OpRemoveNode:
 			op.Node.ID = string(d.bytes(maxNameBytes))
 			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
+		case OpSetNodeRegion:
+			op.Node.ID = string(d.bytes(maxNameBytes))
+			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
+			op.Node.Region = string(d.bytes(maxNameBytes))
+		case OpSetSetting:
+			op.Setting.Name = string(d.bytes(maxNameBytes))
+			op.Setting.Value = string(d.bytes(MaxSettingBytes))
+			switch d.byte() {
+			case 0:
+			case 1:
+				op.Setting.Unset = true
+			default:
+				d.fail("bad setting flag")
+			}
 		case OpRaiseFenceEpoch:
 			op.FenceEpoch = d.uvarint()
 		case OpSetNodeRole:

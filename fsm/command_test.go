@@ -41,6 +41,18 @@ func appendCommandV1(dst []byte, c *Command) []byte {
 		case OpSetNodeRole: // the decoder reads it in either version
 			dst = appendBytes(dst, []byte(op.Node.ID))
 			dst = append(dst, byte(op.Node.Role))
+		case OpSetNodeRegion: // the same tail in both versions
+			dst = appendBytes(dst, []byte(op.Node.ID))
+			dst = appendBytes(dst, []byte(op.Node.GRPCAddr))
+			dst = appendBytes(dst, []byte(op.Node.Region))
+		case OpSetSetting:
+			dst = appendBytes(dst, []byte(op.Setting.Name))
+			dst = appendBytes(dst, []byte(op.Setting.Value))
+			if op.Setting.Unset {
+				dst = append(dst, 1)
+			} else {
+				dst = append(dst, 0)
+			}
 		}
 	}
 	return dst
@@ -82,6 +94,10 @@ func commandCases() []Command {
 			{Kind: OpRaiseFenceEpoch, FenceEpoch: 3},
 			{Kind: OpSetNodeRole, Node: NodeInfo{ID: "r1", Role: RoleReplica}},
 			{Kind: OpSetNodeRole, Node: NodeInfo{ID: "r2", Role: RoleMember}},
+			{Kind: OpSetNodeRegion, Node: NodeInfo{ID: "n3", GRPCAddr: "h:3", Region: "eu-west"}},
+			{Kind: OpSetNodeRegion, Node: NodeInfo{ID: "n4"}},
+			{Kind: OpSetSetting, Setting: Setting{Name: "preferred-leader-regions", Value: "us,eu"}},
+			{Kind: OpSetSetting, Setting: Setting{Name: "x", Unset: true}},
 		}},
 		{},
 	}

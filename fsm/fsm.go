@@ -116,6 +116,10 @@ type state struct {
 	nodes  map[string]string
 	// roles holds each node whose role is not RoleMember (read replicas).
 	roles map[string]NodeRole
+	// regions maps node ID → region, for the nodes that have one.
+	regions map[string]string
+	// settings holds the replicated cluster settings (Settings).
+	settings map[string]string
 	// fenceEpoch is the high part of every fencing token granted now
 	// (MakeFence); persisted under metaFenceEpoch, so snapshots carry it.
 	fenceEpoch uint64
@@ -246,6 +250,8 @@ func loadState(db *storage.DB) (state, error) {
 		counts:     map[bloom.Key]uint64{},
 		nodes:      map[string]string{},
 		roles:      map[string]NodeRole{},
+		regions:    map[string]string{},
+		settings:   map[string]string{},
 	}
 	v, found, err := storage.GetCopy(db, storage.MetaKey(metaNsSeq))
 	if err != nil {
@@ -337,6 +343,20 @@ func loadState(db *storage.DB) (state, error) {
 	})
 	if err != nil {
 		return st, fmt.Errorf("load node roles: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixNodeRegion}, func(k, v []byte) error {
+		st.regions[string(k[1:])] = string(v)
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load node regions: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixSetting}, func(k, v []byte) error {
+		st.settings[string(k[1:])] = string(v)
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load settings: %w", err)
 	}
 	return st, nil
 }
@@ -487,6 +507,30 @@ func (f *FSM) Replicas() map[string]bool {
 		if r == RoleReplica {
 			out[id] = true
 		}
+	}
+	return out
+}
+
+// NodeRegions returns the node ID → region map of the nodes whose region
+// is recorded (OpSetNodeRegion).
+func (f *FSM) NodeRegions() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]string, len(f.st.regions))
+	for k, v := range f.st.regions {
+		out[k] = v
+	}
+	return out
+}
+
+// Settings returns the replicated cluster settings (OpSetSetting): name →
+// value. A name absent from the map was never set (or was unset).
+func (f *FSM) Settings() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]string, len(f.st.settings))
+	for k, v := range f.st.settings {
+		out[k] = v
 	}
 	return out
 }

@@ -53,6 +53,8 @@ type Options struct {
 	NodeID string
 	// Version labels dedup_node_info.
 	Version string
+	// Region labels dedup_node_info ("" when the node has none).
+	Region string
 	// Source supplies node figures at scrape time; nil leaves them out.
 	Source Source
 	// NoRuntimeMetrics leaves out the Go runtime and process collectors.
@@ -119,9 +121,9 @@ func New(o Options) *Metrics {
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "dedup_node_info",
-		Help: "Always 1; labels name the node and its version.",
-	}, []string{"node_id", "version"})
-	info.WithLabelValues(o.NodeID, o.Version).Set(1)
+		Help: "Always 1; labels name the node, its version and its region.",
+	}, []string{"node_id", "version", "region"})
+	info.WithLabelValues(o.NodeID, o.Version, o.Region).Set(1)
 	m.reg.MustRegister(m.requests, m.latency, m.batch, m.items, m.dupAge, info)
 	if o.Source != nil {
 		m.reg.MustRegister(newNodeCollector(o.Source))

@@ -71,7 +71,7 @@ func TestExpositionHasEveryMetricAndLints(t *testing.T) {
 		`dedup_items_total{namespace="orders",op="mark",result="duplicate"} 2`,
 		`dedup_duplicate_age_seconds_bucket{namespace="orders",le="3600"} 0`,
 		`dedup_duplicate_age_seconds_bucket{namespace="orders",le="14400"} 1`,
-		`dedup_node_info{node_id="n1",version="test"} 1`,
+		`dedup_node_info{node_id="n1",region="",version="test"} 1`,
 		`dedup_raft_state{state="follower"} 1`,
 		`dedup_raft_state{state="leader"} 0`,
 		`dedup_raft_term 3`,

@@ -224,6 +224,7 @@ func (s *Server) Status(ctx context.Context, _ *dedupv1.StatusRequest) (*dedupv1
 	ls := s.node.LogStoreStats()
 	out.LogStoreStalled, out.LogStoreMaxWriteMs = ls.Stalled, ls.MaxWrite.Milliseconds()
 	out.ReadReplica = s.node.FSM().NodeRole(s.node.ID()) == fsm.RoleReplica
+	out.Region, out.PreferredLeaderRegions = s.node.Region(), s.node.PreferredLeaderRegions()
 	return out, nil
 }
 
@@ -255,7 +256,7 @@ func statusPB(st cluster.Status) *dedupv1.StatusResponse {
 	}
 	for _, m := range st.Members {
 		out.Members = append(out.Members, &dedupv1.Member{
-			Id: m.ID, RaftAddr: m.RaftAddr, GrpcAddr: m.GRPCAddr, Suffrage: m.Suffrage, Leader: m.Leader,
+			Id: m.ID, RaftAddr: m.RaftAddr, GrpcAddr: m.GRPCAddr, Suffrage: m.Suffrage, Leader: m.Leader, Region: m.Region,
 		})
 	}
 	return out

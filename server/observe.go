@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -158,19 +159,21 @@ func (s *Server) diskStatus() *dedupv1.DiskStatus {
 func (s *Server) AdminStatus(ctx context.Context) (adminhttp.Status, error) {
 	st, err := s.node.Status()
 	out := adminhttp.Status{
-		NodeID:            st.NodeID,
-		Version:           s.cfg.Version,
-		State:             st.State,
-		LeaderID:          st.LeaderID,
-		LeaderGRPCAddr:    st.LeaderGRPCAddr,
-		GRPCAddr:          s.GRPCAddr(),
-		RaftAddr:          s.RaftAddr(),
-		Term:              st.Term,
-		CommitIndex:       st.CommitIndex,
-		AppliedIndex:      st.AppliedIndex,
-		LastLogIndex:      st.LastLogIndex,
-		LastSnapshotIndex: st.LastSnapshotIndex,
-		LastContact:       s.lastContact(),
+		NodeID:                 st.NodeID,
+		Version:                s.cfg.Version,
+		Region:                 s.node.Region(),
+		PreferredLeaderRegions: s.node.PreferredLeaderRegions(),
+		State:                  st.State,
+		LeaderID:               st.LeaderID,
+		LeaderGRPCAddr:         st.LeaderGRPCAddr,
+		GRPCAddr:               s.GRPCAddr(),
+		RaftAddr:               s.RaftAddr(),
+		Term:                   st.Term,
+		CommitIndex:            st.CommitIndex,
+		AppliedIndex:           st.AppliedIndex,
+		LastLogIndex:           st.LastLogIndex,
+		LastSnapshotIndex:      st.LastSnapshotIndex,
+		LastContact:            s.lastContact(),
 		Bloom: adminhttp.Bloom{
 			Filters:          st.FSM.Bloom.Filters,
 			MemoryBytes:      st.FSM.Bloom.MemoryBytes,
@@ -198,7 +201,8 @@ func (s *Server) AdminStatus(ctx context.Context) (adminhttp.Status, error) {
 	out.Members = make([]adminhttp.Member, len(st.Members))
 	var wg sync.WaitGroup
 	for i, m := range st.Members {
-		am := adminhttp.Member{ID: m.ID, RaftAddr: m.RaftAddr, GRPCAddr: m.GRPCAddr, Suffrage: m.Suffrage, Lag: -1}
+		am := adminhttp.Member{ID: m.ID, RaftAddr: m.RaftAddr, GRPCAddr: m.GRPCAddr, Suffrage: m.Suffrage, Lag: -1,
+			Region: m.Region, Preferred: m.Region != "" && slices.Contains(out.PreferredLeaderRegions, m.Region)}
 		switch {
 		case m.Leader:
 			am.Role = "leader"

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/dedupnode/dedupnode/storage"
 )
@@ -244,6 +245,25 @@ func (o *opsServer) RaiseFenceEpoch(ctx context.Context, req *dedupv1.RaiseFence
 		return nil, toStatus(err)
 	}
 	return resp, nil
+}
+
+// SetClusterSetting implements dedupv1.OpsServer: records a cluster
+// setting through the log on the leader (forwarded there).
+func (o *opsServer) SetClusterSetting(ctx context.Context, req *dedupv1.SetClusterSettingRequest) (*dedupv1.SetClusterSettingResponse, error) {
+	if req.Name == "" {
+		return nil, toStatus(invalidf("name", "required (known: %s)", cluster.SettingPreferredLeaderRegions))
+	}
+	s := o.s
+	err := s.onLeader(ctx, func(ctx context.Context) error {
+		return s.node.SetSetting(ctx, req.Name, req.Value, req.Unset)
+	}, func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := dedupv1.NewOpsClient(cc).SetClusterSetting(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &dedupv1.SetClusterSettingResponse{}, nil
 }
 
 type pipeSink struct{ *io.PipeWriter }

@@ -187,13 +187,14 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.cfg.Cluster.GRPCAddr = advertisable(s.ln.Addr())
 	}
 	s.cfg.Cluster.Progress = s.probeProgress
+	s.cfg.Cluster.RegionProbe = s.probeRegion
 	if s.node, err = cluster.New(s.cfg.Cluster); err != nil {
 		s.ln.Close()
 		return nil, err
 	}
 
 	s.started = time.Now()
-	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Source: metrics.SourceFunc(s.metricsSnapshot)})
+	s.metrics = metrics.New(metrics.Options{NodeID: cfg.Cluster.NodeID, Version: cfg.Version, Region: cfg.Cluster.Region, Source: metrics.SourceFunc(s.metricsSnapshot)})
 	recv, send := maxRecvBytes(s.node.MaxEntryBytes()), maxSendBytes(cfg.MaxBatch, s.node.MaxEntryBytes())
 	// The metrics interceptors come first, so calls that later interceptors
 	// (access control) refuse are counted too.
@@ -352,6 +353,23 @@ func (s *Server) probeProgress(ctx context.Context, id, grpcAddr string) (uint64
 		return 0, fmt.Errorf("node at %s is %q, not %q", grpcAddr, st.NodeId, id)
 	}
 	return st.AppliedIndex, nil
+}
+
+// probeRegion is the cluster's region probe: a node's region from its
+// Admin.Status.
+func (s *Server) probeRegion(ctx context.Context, id, grpcAddr string) (string, error) {
+	c, err := s.conn(grpcAddr)
+	if err != nil {
+		return "", err
+	}
+	st, err := dedupv1.NewAdminClient(c).Status(ctx, &dedupv1.StatusRequest{})
+	if err != nil {
+		return "", err
+	}
+	if st.NodeId != id {
+		return "", fmt.Errorf("node at %s is %q, not %q", grpcAddr, st.NodeId, id)
+	}
+	return st.Region, nil
 }
 
 // join calls Admin.Join on the configured members in turn until one

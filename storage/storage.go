@@ -37,6 +37,10 @@ const (
 	PrefixNode      = 'p'
 	PrefixNodeRole  = 'o'
 	PrefixMeta      = 'm'
+	// PrefixNodeRegion keys a node's region (absent: none recorded).
+	PrefixNodeRegion = 'g'
+	// PrefixSetting keys a replicated cluster setting.
+	PrefixSetting = 's'
 )
 
 // RecordKeyPrefixLen is the length of 'r' nsID bucket, before the ID.
@@ -110,6 +114,12 @@ func NodeKey(id string) []byte { return append([]byte{PrefixNode}, id...) }
 // NodeRoleKey is the key of a node's role (present for read replicas
 // only).
 func NodeRoleKey(id string) []byte { return append([]byte{PrefixNodeRole}, id...) }
+
+// NodeRegionKey is the key of a node's region.
+func NodeRegionKey(id string) []byte { return append([]byte{PrefixNodeRegion}, id...) }
+
+// SettingKey is the key of a cluster setting.
+func SettingKey(name string) []byte { return append([]byte{PrefixSetting}, name...) }
 
 // MetaKey is the key of an FSM metadata value.
 func MetaKey(name string) []byte { return append([]byte{PrefixMeta}, name...) }

@@ -52,7 +52,8 @@ with their suffrage (voter, nonvoter or replica), the number of IDs stored and t
 Bloom filter figures (memory, bits per ID, configured and observed
 false-positive rate). --output json prints one JSON object with node_id,
 state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
-members (id, raft_addr, grpc_addr, suffrage, leader), ids_stored and bloom.
+members (id, raft_addr, grpc_addr, suffrage, leader, region), ids_stored,
+bloom, and region and preferred_leader_regions when set.
 
 --wait asks the first node of --addr only, and returns once that node knows
 a leader and its applied index has reached the leader's commit index as
@@ -191,6 +192,16 @@ func printStatus(w io.Writer, st client.Status) {
 	} else {
 		fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
 	}
+	if st.Region != "" || len(st.PreferredLeaderRegions) > 0 {
+		region, pref := st.Region, strings.Join(st.PreferredLeaderRegions, ",")
+		if region == "" {
+			region = "-"
+		}
+		if pref == "" {
+			pref = "none"
+		}
+		fmt.Fprintf(tw, "region\t%s (preferred leader regions: %s)\n", region, pref)
+	}
 	if st.Healthy {
 		fmt.Fprintf(tw, "health\tSERVING\n")
 	} else {
@@ -235,13 +246,17 @@ func printStatus(w io.Writer, st client.Status) {
 
 func printMembers(w io.Writer, ms []client.Member) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSUFFRAGE\tRAFT ADDR\tGRPC ADDR\tLEADER")
+	fmt.Fprintln(tw, "ID\tREGION\tSUFFRAGE\tRAFT ADDR\tGRPC ADDR\tLEADER")
 	for _, m := range ms {
 		l := ""
 		if m.Leader {
 			l = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ID, m.Suffrage, m.RaftAddr, m.GRPCAddr, l)
+		region := m.Region
+		if region == "" {
+			region = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, region, m.Suffrage, m.RaftAddr, m.GRPCAddr, l)
 	}
 	tw.Flush()
 }
@@ -263,9 +278,10 @@ func newMembersCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "members [flags]",
 		Short: "List the cluster's members with their addresses and suffrage",
-		Long: `Members lists the nodes of the Raft configuration: ID, suffrage (voter,
-nonvoter: a joined node votes once it has caught up, or replica: a read
-replica, which never votes unless promoted with 'promote'), Raft and gRPC
+		Long: `Members lists the nodes of the Raft configuration: ID, region (serve
+--region, "-" when none), suffrage (voter, nonvoter: a joined node votes
+once it has caught up, or replica: a read replica, which never votes unless
+promoted with 'promote'), Raft and gRPC
 addresses, and which one leads. --output json prints one object per member.`,
 		Example: strings.ReplaceAll(`  dedupnode members --addr 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -28,6 +29,7 @@ type clientFlags struct {
 	tlsCert string
 	tlsKey  string
 	token   string
+	region  string
 
 	// State of the CLI's retry policy (see retryIf).
 	answered     atomic.Bool  // some node answered: refusals are outages, not typos
@@ -80,7 +82,7 @@ func tlsHint(err error) string {
 }
 
 // clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
-var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token"}
+var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region"}
 
 func (f *clientFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
@@ -93,6 +95,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate `FILE` (PEM) for clusters that require mutual TLS (env DEDUPNODE_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")
 	fs.StringVar(&f.token, "token", "", "access `TOKEN` for clusters run with --auth-file; prefer env DEDUPNODE_TOKEN, which other users cannot see in the process list")
+	fs.StringVar(&f.region, "region", "", "the `REGION` this command runs in (a node's serve --region): checks go to a node of that region, writes to the leader (env DEDUPNODE_REGION)")
 }
 
 func (f *clientFlags) validate(cmd *cobra.Command) error {
@@ -124,6 +127,9 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 	if f.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
+	if err := cluster.CheckRegion(f.region); err != nil {
+		return usagef("--region: %v", err)
+	}
 	return nil
 }
 
@@ -150,6 +156,9 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	}
 	if f.token != "" {
 		opts = append(opts, client.WithToken(f.token))
+	}
+	if f.region != "" {
+		opts = append(opts, client.WithRegion(f.region))
 	}
 	c, err := client.New(dctx, f.addrs, opts...)
 	if err == nil && c.Leader() != "" {

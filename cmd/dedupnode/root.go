@@ -179,7 +179,8 @@ func newRootCmd(e *env) *cobra.Command {
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{newStatusCmd(e), newMembersCmd(e), newNamespaceCmd(e), newJoinCmd(e), newRemoveCmd(e), newTransferLeaderCmd(e),
-		newPromoteCmd(e), newBackupCmd(e), newRestoreCmd(e), newExportCmd(e), newImportCmd(e), newDigestCmd(e)} {
+		newPromoteCmd(e), newBackupCmd(e), newRestoreCmd(e), newExportCmd(e), newImportCmd(e), newDigestCmd(e),
+		newClusterSettingCmd(e)} {
 		c.GroupID = "admin"
 		root.AddCommand(c)
 	}

@@ -63,6 +63,7 @@ type serveFlags struct {
 	maxEntryBytes string
 	logStall      time.Duration
 	configFile    string
+	regions       regionFlags // serve_regions.go
 
 	// reload re-reads certificates and the token file (SIGHUP); set by
 	// config when there is anything to reload.
@@ -85,6 +86,7 @@ var serveFlagNames = []string{
 var serveReplicaFlagNames = []string{"read-replica", "max-clock-offset", "raft-advertise"}
 
 func init() { serveFlagNames = append(serveFlagNames, serveReplicaFlagNames...) }
+func init() { serveFlagNames = append(serveFlagNames, regionFlagNames...) }
 
 const serveLong = `Serve runs one dedupnode node until SIGINT or SIGTERM, then shuts down
 cleanly (handing leadership to another node first when it leads).
@@ -191,6 +193,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.maxEntryBytes, "max-entry-bytes", "16MiB", "largest Raft entry (`SIZE`); a request encoding to more is refused with RESOURCE_EXHAUSTED before anything is written, and gRPC refuses messages larger than this plus 1MiB")
 	fs.DurationVar(&f.logStall, "raft-log-stall-timeout", 3*time.Second, "a Raft log write running longer than `DUR` marks the disk stalled: the node stops leading and replicating (the others elect a leader) and reports NOT_SERVING until the write returns")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
+	addRegionFlags(fs, &f.regions)
 	return cmd
 }
 
@@ -441,6 +444,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	cfg.Cluster.LogStallTimeout = f.logStall
 	cfg.AdminAddr = f.adminAddr
 	cfg.Version = versionString()
+	if err := f.regions.apply(&cfg); err != nil {
+		return cfg, nil, err
+	}
 	if err := f.security(&cfg, logger); err != nil {
 		return cfg, nil, err
 	}

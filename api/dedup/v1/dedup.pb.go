@@ -2590,8 +2590,11 @@ type Member struct {
 	GrpcAddr string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
 	// "voter", "nonvoter" (catching up, promoted once caught up) or
 	// "replica" (a read replica: never promoted by the leader).
-	Suffrage      string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
-	Leader        bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Suffrage string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	Leader   bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	// The member's region as the replicated node table records it ("" if
+	// none is known).
+	Region        string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2659,6 +2662,13 @@ func (x *Member) GetLeader() bool {
 		return x.Leader
 	}
 	return false
+}
+
+func (x *Member) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
 }
 
 type BloomStatus struct {
@@ -2796,9 +2806,13 @@ type StatusResponse struct {
 	LogStoreStalled    bool  `protobuf:"varint,17,opt,name=log_store_stalled,json=logStoreStalled,proto3" json:"log_store_stalled,omitempty"`
 	LogStoreMaxWriteMs int64 `protobuf:"varint,18,opt,name=log_store_max_write_ms,json=logStoreMaxWriteMs,proto3" json:"log_store_max_write_ms,omitempty"`
 	// This node is a read replica (a non-voter the leader never promotes).
-	ReadReplica   bool `protobuf:"varint,30,opt,name=read_replica,json=readReplica,proto3" json:"read_replica,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReadReplica bool `protobuf:"varint,30,opt,name=read_replica,json=readReplica,proto3" json:"read_replica,omitempty"`
+	// The region this node was started with (serve --region), and the
+	// cluster setting preferred-leader-regions as this node applied it.
+	Region                 string   `protobuf:"bytes,19,opt,name=region,proto3" json:"region,omitempty"`
+	PreferredLeaderRegions []string `protobuf:"bytes,20,rep,name=preferred_leader_regions,json=preferredLeaderRegions,proto3" json:"preferred_leader_regions,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2962,6 +2976,20 @@ func (x *StatusResponse) GetReadReplica() bool {
 		return x.ReadReplica
 	}
 	return false
+}
+
+func (x *StatusResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetPreferredLeaderRegions() []string {
+	if x != nil {
+		return x.PreferredLeaderRegions
+	}
+	return nil
 }
 
 // DiskStatus is the data directory's filesystem as the node last measured
@@ -3583,13 +3611,14 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"namespaces\x18\x01 \x03(\v2\x13.dedup.v1.NamespaceR\n" +
 	"namespaces\"\x19\n" +
 	"\x17DeleteNamespaceResponse\"\x0f\n" +
-	"\rStatusRequest\"\x86\x01\n" +
+	"\rStatusRequest\"\x9e\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1a\n" +
 	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\bR\x06leader\"\xb8\x02\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12\x16\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\"\xb8\x02\n" +
 	"\vBloomStatus\x12\x18\n" +
 	"\afilters\x18\x01 \x01(\x04R\afilters\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12\x10\n" +
@@ -3599,7 +3628,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10observed_fp_rate\x18\x06 \x01(\x01R\x0eobservedFpRate\x12#\n" +
 	"\rmaybe_lookups\x18\a \x01(\x04R\fmaybeLookups\x12'\n" +
 	"\x0ffalse_positives\x18\b \x01(\x04R\x0efalsePositives\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\xbf\x05\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\"\x91\x06\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3621,7 +3650,9 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x04disk\x18\x10 \x01(\v2\x14.dedup.v1.DiskStatusR\x04disk\x12*\n" +
 	"\x11log_store_stalled\x18\x11 \x01(\bR\x0flogStoreStalled\x122\n" +
 	"\x16log_store_max_write_ms\x18\x12 \x01(\x03R\x12logStoreMaxWriteMs\x12!\n" +
-	"\fread_replica\x18\x1e \x01(\bR\vreadReplica\"\x9b\x02\n" +
+	"\fread_replica\x18\x1e \x01(\bR\vreadReplica\x12\x16\n" +
+	"\x06region\x18\x13 \x01(\tR\x06region\x128\n" +
+	"\x18preferred_leader_regions\x18\x14 \x03(\tR\x16preferredLeaderRegions\"\x9b\x02\n" +
 	"\n" +
 	"DiskStatus\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +

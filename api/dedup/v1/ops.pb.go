@@ -24,6 +24,102 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SetClusterSettingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Unset         bool                   `protobuf:"varint,3,opt,name=unset,proto3" json:"unset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterSettingRequest) Reset() {
+	*x = SetClusterSettingRequest{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterSettingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterSettingRequest) ProtoMessage() {}
+
+func (x *SetClusterSettingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterSettingRequest.ProtoReflect.Descriptor instead.
+func (*SetClusterSettingRequest) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SetClusterSettingRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetClusterSettingRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *SetClusterSettingRequest) GetUnset() bool {
+	if x != nil {
+		return x.Unset
+	}
+	return false
+}
+
+type SetClusterSettingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterSettingResponse) Reset() {
+	*x = SetClusterSettingResponse{}
+	mi := &file_dedup_v1_ops_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterSettingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterSettingResponse) ProtoMessage() {}
+
+func (x *SetClusterSettingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dedup_v1_ops_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterSettingResponse.ProtoReflect.Descriptor instead.
+func (*SetClusterSettingResponse) Descriptor() ([]byte, []int) {
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{1}
+}
+
 type PromoteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -33,7 +129,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[0]
+	mi := &file_dedup_v1_ops_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +141,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[0]
+	mi := &file_dedup_v1_ops_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +154,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{0}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PromoteRequest) GetNodeId() string {
@@ -76,7 +172,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[1]
+	mi := &file_dedup_v1_ops_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +184,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[1]
+	mi := &file_dedup_v1_ops_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +197,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{1}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{3}
 }
 
 type BackupRequest struct {
@@ -112,7 +208,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[2]
+	mi := &file_dedup_v1_ops_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -124,7 +220,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[2]
+	mi := &file_dedup_v1_ops_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -137,7 +233,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{2}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{4}
 }
 
 type BackupChunk struct {
@@ -152,7 +248,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[3]
+	mi := &file_dedup_v1_ops_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +260,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[3]
+	mi := &file_dedup_v1_ops_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +273,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{3}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -210,7 +306,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[4]
+	mi := &file_dedup_v1_ops_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -222,7 +318,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[4]
+	mi := &file_dedup_v1_ops_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -235,7 +331,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{4}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExportRequest) GetNamespace() string {
@@ -264,7 +360,7 @@ type ExportedRecord struct {
 
 func (x *ExportedRecord) Reset() {
 	*x = ExportedRecord{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[5]
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +372,7 @@ func (x *ExportedRecord) String() string {
 func (*ExportedRecord) ProtoMessage() {}
 
 func (x *ExportedRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[5]
+	mi := &file_dedup_v1_ops_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +385,7 @@ func (x *ExportedRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportedRecord.ProtoReflect.Descriptor instead.
 func (*ExportedRecord) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{5}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExportedRecord) GetId() []byte {
@@ -357,7 +453,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[6]
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +465,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[6]
+	mi := &file_dedup_v1_ops_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +478,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{6}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExportChunk) GetRecords() []*ExportedRecord {
@@ -423,7 +519,7 @@ type RaiseFenceEpochRequest struct {
 
 func (x *RaiseFenceEpochRequest) Reset() {
 	*x = RaiseFenceEpochRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	mi := &file_dedup_v1_ops_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +531,7 @@ func (x *RaiseFenceEpochRequest) String() string {
 func (*RaiseFenceEpochRequest) ProtoMessage() {}
 
 func (x *RaiseFenceEpochRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[7]
+	mi := &file_dedup_v1_ops_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +544,7 @@ func (x *RaiseFenceEpochRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaiseFenceEpochRequest.ProtoReflect.Descriptor instead.
 func (*RaiseFenceEpochRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{7}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RaiseFenceEpochRequest) GetAtLeast() uint64 {
@@ -468,7 +564,7 @@ type RaiseFenceEpochResponse struct {
 
 func (x *RaiseFenceEpochResponse) Reset() {
 	*x = RaiseFenceEpochResponse{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	mi := &file_dedup_v1_ops_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +576,7 @@ func (x *RaiseFenceEpochResponse) String() string {
 func (*RaiseFenceEpochResponse) ProtoMessage() {}
 
 func (x *RaiseFenceEpochResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[8]
+	mi := &file_dedup_v1_ops_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +589,7 @@ func (x *RaiseFenceEpochResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaiseFenceEpochResponse.ProtoReflect.Descriptor instead.
 func (*RaiseFenceEpochResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{8}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RaiseFenceEpochResponse) GetFenceEpoch() uint64 {
@@ -511,7 +607,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[9]
+	mi := &file_dedup_v1_ops_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +619,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[9]
+	mi := &file_dedup_v1_ops_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +632,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{9}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{11}
 }
 
 type DigestResponse struct {
@@ -561,7 +657,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_dedup_v1_ops_proto_msgTypes[10]
+	mi := &file_dedup_v1_ops_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +669,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dedup_v1_ops_proto_msgTypes[10]
+	mi := &file_dedup_v1_ops_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +682,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{10}
+	return file_dedup_v1_ops_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DigestResponse) GetNodeId() string {
@@ -642,7 +738,12 @@ var File_dedup_v1_ops_proto protoreflect.FileDescriptor
 
 const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\n" +
-	"\x12dedup/v1/ops.proto\x12\bdedup.v1\x1a\x14dedup/v1/dedup.proto\")\n" +
+	"\x12dedup/v1/ops.proto\x12\bdedup.v1\x1a\x14dedup/v1/dedup.proto\"Z\n" +
+	"\x18SetClusterSettingRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05unset\x18\x03 \x01(\bR\x05unset\"\x1b\n" +
+	"\x19SetClusterSettingResponse\")\n" +
 	"\x0ePromoteRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x11\n" +
 	"\x0fPromoteResponse\"\x0f\n" +
@@ -680,13 +781,14 @@ const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\fapplied_term\x18\x04 \x01(\x04R\vappliedTerm\x12\x18\n" +
 	"\arecords\x18\x05 \x01(\x04R\arecords\x12\x12\n" +
 	"\x04keys\x18\x06 \x01(\x04R\x04keys\x12/\n" +
-	"\x14last_applied_unix_ms\x18\a \x01(\x03R\x11lastAppliedUnixMs2\xd2\x02\n" +
+	"\x14last_applied_unix_ms\x18\a \x01(\x03R\x11lastAppliedUnixMs2\xb0\x03\n" +
 	"\x03Ops\x12>\n" +
 	"\aPromote\x12\x18.dedup.v1.PromoteRequest\x1a\x19.dedup.v1.PromoteResponse\x12:\n" +
 	"\x06Backup\x12\x17.dedup.v1.BackupRequest\x1a\x15.dedup.v1.BackupChunk0\x01\x12:\n" +
 	"\x06Export\x12\x17.dedup.v1.ExportRequest\x1a\x15.dedup.v1.ExportChunk0\x01\x12V\n" +
 	"\x0fRaiseFenceEpoch\x12 .dedup.v1.RaiseFenceEpochRequest\x1a!.dedup.v1.RaiseFenceEpochResponse\x12;\n" +
-	"\x06Digest\x12\x17.dedup.v1.DigestRequest\x1a\x18.dedup.v1.DigestResponseB5Z3github.com/dedupnode/dedupnode/api/dedup/v1;dedupv1b\x06proto3"
+	"\x06Digest\x12\x17.dedup.v1.DigestRequest\x1a\x18.dedup.v1.DigestResponse\x12\\\n" +
+	"\x11SetClusterSetting\x12\".dedup.v1.SetClusterSettingRequest\x1a#.dedup.v1.SetClusterSettingResponseB5Z3github.com/dedupnode/dedupnode/api/dedup/v1;dedupv1b\x06proto3"
 
 var (
 	file_dedup_v1_ops_proto_rawDescOnce sync.Once
@@ -700,36 +802,40 @@ func file_dedup_v1_ops_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_ops_proto_rawDescData
 }
 
-var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_dedup_v1_ops_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_dedup_v1_ops_proto_goTypes = []any{
-	(*PromoteRequest)(nil),          // 0: dedup.v1.PromoteRequest
-	(*PromoteResponse)(nil),         // 1: dedup.v1.PromoteResponse
-	(*BackupRequest)(nil),           // 2: dedup.v1.BackupRequest
-	(*BackupChunk)(nil),             // 3: dedup.v1.BackupChunk
-	(*ExportRequest)(nil),           // 4: dedup.v1.ExportRequest
-	(*ExportedRecord)(nil),          // 5: dedup.v1.ExportedRecord
-	(*ExportChunk)(nil),             // 6: dedup.v1.ExportChunk
-	(*RaiseFenceEpochRequest)(nil),  // 7: dedup.v1.RaiseFenceEpochRequest
-	(*RaiseFenceEpochResponse)(nil), // 8: dedup.v1.RaiseFenceEpochResponse
-	(*DigestRequest)(nil),           // 9: dedup.v1.DigestRequest
-	(*DigestResponse)(nil),          // 10: dedup.v1.DigestResponse
-	(RecordState)(0),                // 11: dedup.v1.RecordState
+	(*SetClusterSettingRequest)(nil),  // 0: dedup.v1.SetClusterSettingRequest
+	(*SetClusterSettingResponse)(nil), // 1: dedup.v1.SetClusterSettingResponse
+	(*PromoteRequest)(nil),            // 2: dedup.v1.PromoteRequest
+	(*PromoteResponse)(nil),           // 3: dedup.v1.PromoteResponse
+	(*BackupRequest)(nil),             // 4: dedup.v1.BackupRequest
+	(*BackupChunk)(nil),               // 5: dedup.v1.BackupChunk
+	(*ExportRequest)(nil),             // 6: dedup.v1.ExportRequest
+	(*ExportedRecord)(nil),            // 7: dedup.v1.ExportedRecord
+	(*ExportChunk)(nil),               // 8: dedup.v1.ExportChunk
+	(*RaiseFenceEpochRequest)(nil),    // 9: dedup.v1.RaiseFenceEpochRequest
+	(*RaiseFenceEpochResponse)(nil),   // 10: dedup.v1.RaiseFenceEpochResponse
+	(*DigestRequest)(nil),             // 11: dedup.v1.DigestRequest
+	(*DigestResponse)(nil),            // 12: dedup.v1.DigestResponse
+	(RecordState)(0),                  // 13: dedup.v1.RecordState
 }
 var file_dedup_v1_ops_proto_depIdxs = []int32{
-	11, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
-	5,  // 1: dedup.v1.ExportChunk.records:type_name -> dedup.v1.ExportedRecord
-	0,  // 2: dedup.v1.Ops.Promote:input_type -> dedup.v1.PromoteRequest
-	2,  // 3: dedup.v1.Ops.Backup:input_type -> dedup.v1.BackupRequest
-	4,  // 4: dedup.v1.Ops.Export:input_type -> dedup.v1.ExportRequest
-	7,  // 5: dedup.v1.Ops.RaiseFenceEpoch:input_type -> dedup.v1.RaiseFenceEpochRequest
-	9,  // 6: dedup.v1.Ops.Digest:input_type -> dedup.v1.DigestRequest
-	1,  // 7: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
-	3,  // 8: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
-	6,  // 9: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
-	8,  // 10: dedup.v1.Ops.RaiseFenceEpoch:output_type -> dedup.v1.RaiseFenceEpochResponse
-	10, // 11: dedup.v1.Ops.Digest:output_type -> dedup.v1.DigestResponse
-	7,  // [7:12] is the sub-list for method output_type
-	2,  // [2:7] is the sub-list for method input_type
+	13, // 0: dedup.v1.ExportedRecord.state:type_name -> dedup.v1.RecordState
+	7,  // 1: dedup.v1.ExportChunk.records:type_name -> dedup.v1.ExportedRecord
+	2,  // 2: dedup.v1.Ops.Promote:input_type -> dedup.v1.PromoteRequest
+	4,  // 3: dedup.v1.Ops.Backup:input_type -> dedup.v1.BackupRequest
+	6,  // 4: dedup.v1.Ops.Export:input_type -> dedup.v1.ExportRequest
+	9,  // 5: dedup.v1.Ops.RaiseFenceEpoch:input_type -> dedup.v1.RaiseFenceEpochRequest
+	11, // 6: dedup.v1.Ops.Digest:input_type -> dedup.v1.DigestRequest
+	0,  // 7: dedup.v1.Ops.SetClusterSetting:input_type -> dedup.v1.SetClusterSettingRequest
+	3,  // 8: dedup.v1.Ops.Promote:output_type -> dedup.v1.PromoteResponse
+	5,  // 9: dedup.v1.Ops.Backup:output_type -> dedup.v1.BackupChunk
+	8,  // 10: dedup.v1.Ops.Export:output_type -> dedup.v1.ExportChunk
+	10, // 11: dedup.v1.Ops.RaiseFenceEpoch:output_type -> dedup.v1.RaiseFenceEpochResponse
+	12, // 12: dedup.v1.Ops.Digest:output_type -> dedup.v1.DigestResponse
+	1,  // 13: dedup.v1.Ops.SetClusterSetting:output_type -> dedup.v1.SetClusterSettingResponse
+	8,  // [8:14] is the sub-list for method output_type
+	2,  // [2:8] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -747,7 +853,7 @@ func file_dedup_v1_ops_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_ops_proto_rawDesc), len(file_dedup_v1_ops_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

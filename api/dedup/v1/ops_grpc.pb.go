@@ -22,11 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Ops_Promote_FullMethodName         = "/dedup.v1.Ops/Promote"
-	Ops_Backup_FullMethodName          = "/dedup.v1.Ops/Backup"
-	Ops_Export_FullMethodName          = "/dedup.v1.Ops/Export"
-	Ops_RaiseFenceEpoch_FullMethodName = "/dedup.v1.Ops/RaiseFenceEpoch"
-	Ops_Digest_FullMethodName          = "/dedup.v1.Ops/Digest"
+	Ops_Promote_FullMethodName           = "/dedup.v1.Ops/Promote"
+	Ops_Backup_FullMethodName            = "/dedup.v1.Ops/Backup"
+	Ops_Export_FullMethodName            = "/dedup.v1.Ops/Export"
+	Ops_RaiseFenceEpoch_FullMethodName   = "/dedup.v1.Ops/RaiseFenceEpoch"
+	Ops_Digest_FullMethodName            = "/dedup.v1.Ops/Digest"
+	Ops_SetClusterSetting_FullMethodName = "/dedup.v1.Ops/SetClusterSetting"
 )
 
 // OpsClient is the client API for Ops service.
@@ -66,6 +67,12 @@ type OpsClient interface {
 	// digest; a difference means they diverged. Costs one scan of the node's
 	// whole state (it does not block writes).
 	Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error)
+	// SetClusterSetting sets (or with unset removes) a replicated cluster
+	// setting through the Raft log. Known settings: preferred-leader-regions
+	// (comma-separated regions leadership moves into when a caught-up voter
+	// there exists). An unknown name or invalid value is InvalidArgument.
+	// Forwarded to the leader.
+	SetClusterSetting(ctx context.Context, in *SetClusterSettingRequest, opts ...grpc.CallOption) (*SetClusterSettingResponse, error)
 }
 
 type opsClient struct {
@@ -144,6 +151,16 @@ func (c *opsClient) Digest(ctx context.Context, in *DigestRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *opsClient) SetClusterSetting(ctx context.Context, in *SetClusterSettingRequest, opts ...grpc.CallOption) (*SetClusterSettingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetClusterSettingResponse)
+	err := c.cc.Invoke(ctx, Ops_SetClusterSetting_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OpsServer is the server API for Ops service.
 // All implementations must embed UnimplementedOpsServer
 // for forward compatibility.
@@ -181,6 +198,12 @@ type OpsServer interface {
 	// digest; a difference means they diverged. Costs one scan of the node's
 	// whole state (it does not block writes).
 	Digest(context.Context, *DigestRequest) (*DigestResponse, error)
+	// SetClusterSetting sets (or with unset removes) a replicated cluster
+	// setting through the Raft log. Known settings: preferred-leader-regions
+	// (comma-separated regions leadership moves into when a caught-up voter
+	// there exists). An unknown name or invalid value is InvalidArgument.
+	// Forwarded to the leader.
+	SetClusterSetting(context.Context, *SetClusterSettingRequest) (*SetClusterSettingResponse, error)
 	mustEmbedUnimplementedOpsServer()
 }
 
@@ -205,6 +228,9 @@ func (UnimplementedOpsServer) RaiseFenceEpoch(context.Context, *RaiseFenceEpochR
 }
 func (UnimplementedOpsServer) Digest(context.Context, *DigestRequest) (*DigestResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Digest not implemented")
+}
+func (UnimplementedOpsServer) SetClusterSetting(context.Context, *SetClusterSettingRequest) (*SetClusterSettingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetClusterSetting not implemented")
 }
 func (UnimplementedOpsServer) mustEmbedUnimplementedOpsServer() {}
 func (UnimplementedOpsServer) testEmbeddedByValue()             {}
@@ -303,6 +329,24 @@ func _Ops_Digest_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Ops_SetClusterSetting_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetClusterSettingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OpsServer).SetClusterSetting(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ops_SetClusterSetting_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OpsServer).SetClusterSetting(ctx, req.(*SetClusterSettingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Ops_ServiceDesc is the grpc.ServiceDesc for Ops service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -321,6 +365,10 @@ var Ops_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Digest",
 			Handler:    _Ops_Digest_Handler,
+		},
+		{
+			MethodName: "SetClusterSetting",
+			Handler:    _Ops_SetClusterSetting_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
