@@ -232,6 +232,9 @@ func (c *processCluster) Start(_ context.Context, id string) error {
 		args = []string{"serve", "--node-id", id, "--data-dir", dataDir, "--raft-addr", c.raft[id],
 			"--raft-advertise", c.proxied[id], "--grpc-addr", c.grpc[id], "--join", strings.Join(join, ","), "--read-replica"}
 	}
+	if c.cfg.Regions > 1 {
+		args = append(args, "--region", c.region[id]) // shown in status, members, metrics
+	}
 	args = append(args, c.cfg.ServeArgs...)
 	cmd := exec.Command(c.cfg.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
