@@ -34,7 +34,8 @@ func checkCoalesce(workload string) error {
 }
 
 func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
-	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout), client.WithMaxStaleness(cfg.MaxStaleness))
+	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout), client.WithMaxStaleness(cfg.MaxStaleness),
+		client.WithDialOptions(cfg.DialOptions...))
 	if err != nil {
 		return nil, err
 	}

@@ -64,6 +64,9 @@ type Config struct {
 	OnMeasure       func(start bool)
 	Label           string
 	MaxTime         time.Duration
+	// DialOptions are added to every gRPC connection the run makes (the
+	// WAN simulation routes them through its delaying proxies).
+	DialOptions []grpc.DialOption
 	// Coalesce sends every ID as its own call through one client.Batcher
 	// (see coalescing) instead of one raw gRPC call per caller call.
 	Coalesce bool
@@ -202,14 +205,14 @@ func (cs *conns) dedup(i int) dedupv1.DedupClient {
 	return dedupv1.NewDedupClient(cs.get(i))
 }
 
-func dial(addrs []string, perAddr int) (*conns, error) {
+func dial(addrs []string, perAddr int, extra ...grpc.DialOption) (*conns, error) {
 	cs := &conns{}
 	for _, a := range addrs {
 		for i := 0; i < perAddr; i++ {
-			cc, err := grpc.NewClient(a,
+			cc, err := grpc.NewClient(a, append([]grpc.DialOption{
 				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
-			)
+				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+			}, extra...)...)
 			if err != nil {
 				cs.close()
 				return nil, fmt.Errorf("dial %s: %w", a, err)
@@ -247,10 +250,10 @@ func (cs *conns) close() {
 func (cs *conns) get(i int) *grpc.ClientConn { return cs.all[i%len(cs.all)] }
 
 // findLeader asks the given nodes for the leader's gRPC address.
-func findLeader(ctx context.Context, addrs []string, timeout time.Duration) (string, error) {
+func findLeader(ctx context.Context, addrs []string, timeout time.Duration, extra ...grpc.DialOption) (string, error) {
 	var lastErr error
 	for _, a := range addrs {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(a, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
 		if err != nil {
 			lastErr = err
 			continue
@@ -345,7 +348,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	addrs := cfg.Addrs
 	note := ""
 	if cfg.Target == "leader" && cfg.toLeader() {
-		if leader, err := findLeader(ctx, cfg.Addrs, 5*time.Second); err == nil {
+		if leader, err := findLeader(ctx, cfg.Addrs, 5*time.Second, cfg.DialOptions...); err == nil {
 			addrs = []string{leader}
 			if len(cfg.Addrs) > 1 {
 				note = "calls sent to the leader " + leader
@@ -354,7 +357,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			note = "leader unknown (" + err.Error() + "); calls spread over all addresses"
 		}
 	}
-	cs, err := dial(addrs, cfg.Conns)
+	cs, err := dial(addrs, cfg.Conns, cfg.DialOptions...)
 	if err != nil {
 		return nil, err
 	}

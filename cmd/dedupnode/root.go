@@ -187,6 +187,7 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newVersionCmd(e))
 	root.AddCommand(newChaosCmd())
 	root.AddCommand(newBenchCmd())
+	root.AddCommand(newWanSimCmd(e))
 	root.AddCommand(newWebhookProxyCmd(e))
 	root.AddCommand(newDemoCmd(e))
 	return root

@@ -112,3 +112,12 @@ func TestServe_RegionFlags(t *testing.T) {
 		t.Fatalf("no --preferred-leader-regions must seed nothing, got %v", cfg.Cluster.SeedSettings)
 	}
 }
+
+func TestWanSim_BadFlagsAreUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{"wan-sim", "--us-eu", "-1ms"}, {"wan-sim", "--duration", "0s"}} {
+		code, _, errs := runCLI(t, context.Background(), "", args...)
+		if code != exitUsage || !strings.Contains(errs, args[1]) {
+			t.Fatalf("%v: exit %d, stderr %q; want a usage error naming %s", args, code, errs, args[1])
+		}
+	}
+}
