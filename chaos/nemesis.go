@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/chaos/history"
+	"github.com/dedupnode/dedupnode/client"
 )
 
 // Fault kinds the nemesis knows.
@@ -354,10 +354,10 @@ func currentLeader(ctx context.Context, cs *conns, nodes []string) (string, uint
 	return best, term
 }
 
-func statusOf(ctx context.Context, cs *conns, id string, timeout time.Duration) (*dedupv1.StatusResponse, error) {
+func statusOf(ctx context.Context, cs *conns, id string, timeout time.Duration) (client.Status, error) {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return cs.admin[id].Status(sctx, &dedupv1.StatusRequest{})
+	return cs.cl[id].StatusOf(sctx, cs.addr[id])
 }
 
 // waitLeader waits until some node leads and every running node names it.
@@ -372,12 +372,12 @@ func waitLeader(ctx context.Context, c Cluster, cs *conns) (string, error) {
 					continue
 				}
 				st, err := statusOf(ctx, cs, id, 2*time.Second)
-				if err != nil || st.LeaderId != leader || st.Term != term {
+				if err != nil || st.LeaderID != leader || st.Term != term {
 					agree = false
 					if err != nil {
 						last = fmt.Errorf("%s: %w", id, err)
 					} else {
-						last = fmt.Errorf("%s names leader %q in term %d, %s leads term %d", id, st.LeaderId, st.Term, leader, term)
+						last = fmt.Errorf("%s names leader %q in term %d, %s leads term %d", id, st.LeaderID, st.Term, leader, term)
 					}
 					break
 				}

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/chaos/history"
+	"github.com/dedupnode/dedupnode/client"
 )
 
 // ProbeStats counts what a cut-off region's read replicas answered while
@@ -120,27 +120,16 @@ func (p *regionProber) run(ctx context.Context, until time.Time, cut, rest []str
 }
 
 func (p *regionProber) one(ctx context.Context, id, key, cons string, deadline time.Duration) {
-	req := &dedupv1.CheckRequest{Namespace: p.w.cfg.Namespace, Ids: [][]byte{[]byte(key)}}
 	op := history.Op{Client: probeClient, Kind: history.Check, Key: key, Consistency: cons, Node: id, Attempts: 1}
-	switch cons {
-	case history.Stale:
-		req.Consistency = dedupv1.Consistency_CONSISTENCY_STALE
-	case history.Bounded:
-		req.Consistency = dedupv1.Consistency_CONSISTENCY_BOUNDED
-		req.MaxStalenessMs = p.maxStaleness.Milliseconds()
-		op.MaxStalenessMs = req.MaxStalenessMs
-	default:
-		req.Consistency = dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
+	if cons == history.Bounded {
+		op.MaxStalenessMs = p.maxStaleness.Milliseconds()
 	}
 	o := p.w.rec.Invoke(op)
 	cctx, cancel := context.WithTimeout(ctx, deadline)
 	start := time.Now()
-	r, err := p.w.cs.dedup[id].Check(cctx, req)
+	res, path, err := checkOne(cctx, p.w.cs.cl[id], p.w.cfg.Namespace, key, cons, p.maxStaleness)
 	took := time.Since(start)
 	cancel()
-	if err == nil && len(r.Results) != 1 {
-		err = errShort
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if took > deadline+time.Second {
@@ -163,15 +152,14 @@ func (p *regionProber) one(ctx context.Context, id, key, cons string, deadline t
 		}
 		return
 	}
-	res := r.Results[0]
-	p.w.rec.Complete(o, history.OK, checkCode(res.Code), recordOf(res.Record), "")
-	seen := res.Code == dedupv1.CheckResult_SEEN
+	p.w.rec.Complete(o, history.OK, res.Code.String(), recordOf(res.Record), "")
+	seen := res.Code == client.CodeSeen
 	switch {
 	case cons == history.Stale:
 		p.stats.StaleAnswered++
 	case !seen:
 		p.stats.Wrong++
-		p.log.Warn("region probe: a cut-off replica answered not_seen", "node", id, "consistency", cons, "path", r.ReadPath)
+		p.log.Warn("region probe: a cut-off replica answered not_seen", "node", id, "consistency", cons, "path", path)
 	case cons == history.Bounded:
 		p.stats.BoundedSeen++
 	default:

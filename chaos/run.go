@@ -14,6 +14,7 @@ import (
 	"github.com/dedupnode/dedupnode/chaos/check"
 	"github.com/dedupnode/dedupnode/chaos/history"
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/internal/replicacheck"
 )
 
@@ -371,17 +372,14 @@ func finalReads(ctx context.Context, cl Cluster, cs *conns, rec *history.Recorde
 			for j, k := range batch {
 				ids[j] = []byte(k)
 			}
-			var resp *dedupv1.CheckResponse
+			var resp []client.Result
 			var err error
 			for try := 0; try < 5; try++ {
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				resp, err = cs.dedup[id].Check(rctx, &dedupv1.CheckRequest{Namespace: ns, Ids: ids, Consistency: dedupv1.Consistency_CONSISTENCY_STALE})
+				resp, err = cs.cl[id].Check(rctx, ns, ids, client.Stale)
 				cancel()
-				if err == nil && len(resp.Results) == len(ids) {
-					break
-				}
 				if err == nil {
-					err = errors.New("short reply")
+					break
 				}
 				if !wait(ctx, time.Second) {
 					break
@@ -395,9 +393,9 @@ func finalReads(ctx context.Context, cl Cluster, cs *conns, rec *history.Recorde
 					reads[j].Error = err.Error()
 					continue
 				}
-				r := resp.Results[j]
-				reads[j].Result = checkCode(r.Code)
-				if r.Code == dedupv1.CheckResult_SEEN {
+				r := resp[j]
+				reads[j].Result = r.Code.String()
+				if r.Code == client.CodeSeen {
 					reads[j].Record = recordOf(r.Record)
 				}
 			}
@@ -413,7 +411,7 @@ func finalDigests(ctx context.Context, cl Cluster, cs *conns, rec *history.Recor
 	dctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	ask := func(ctx context.Context, id string) (*dedupv1.DigestResponse, error) {
-		return cs.ops[id].Digest(ctx, &dedupv1.DigestRequest{})
+		return cs.cl[id].DigestOf(ctx, cs.addr[id])
 	}
 	res := replicacheck.Compare(dctx, cl.Nodes(), ask, replicacheck.Options{CallTimeout: 20 * time.Second})
 	at := rec.Clock().Now()

@@ -10,44 +10,39 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/chaos/history"
 	"github.com/dedupnode/dedupnode/client"
 )
 
-// conns holds one gRPC connection per node.
+// conns holds one client per node, pinned to it (client.WithPinnedNode):
+// chaos chooses the node of every attempt and retries itself.
 type conns struct {
-	ids   []string
-	addr  map[string]string
-	cc    map[string]*grpc.ClientConn
-	dedup map[string]dedupv1.DedupClient
-	admin map[string]dedupv1.AdminClient
-	ops   map[string]dedupv1.OpsClient
+	ids  []string
+	addr map[string]string
+	cl   map[string]*client.Client
 }
 
 func dialAll(c Cluster) (*conns, error) {
-	cs := &conns{ids: c.Nodes(), addr: map[string]string{}, cc: map[string]*grpc.ClientConn{},
-		dedup: map[string]dedupv1.DedupClient{}, admin: map[string]dedupv1.AdminClient{}, ops: map[string]dedupv1.OpsClient{}}
+	cs := &conns{ids: c.Nodes(), addr: map[string]string{}, cl: map[string]*client.Client{}}
 	for _, id := range cs.ids {
 		a := c.Addr(id)
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// One attempt per call, bounded by the caller's context alone.
+		cl, err := client.New(context.Background(), []string{a}, client.WithPinnedNode(), client.WithRetry(1, 0, 0), client.WithTimeout(0))
 		if err != nil {
 			cs.close()
 			return nil, fmt.Errorf("dial %s at %s: %w", id, a, err)
 		}
-		cs.addr[id], cs.cc[id] = a, cc
-		cs.dedup[id], cs.admin[id], cs.ops[id] = dedupv1.NewDedupClient(cc), dedupv1.NewAdminClient(cc), dedupv1.NewOpsClient(cc)
+		cs.addr[id], cs.cl[id] = a, cl
 	}
 	return cs, nil
 }
 
 func (cs *conns) close() {
-	for _, cc := range cs.cc {
-		cc.Close()
+	for _, cl := range cs.cl {
+		cl.Close()
 	}
 }
 
@@ -452,64 +447,79 @@ func (w *workload) invoke(ctx context.Context, node *string, op *history.Op, cal
 	}
 }
 
-func recordOf(r *dedupv1.Record) *history.Record {
+func recordOf(r *client.Record) *history.Record {
 	if r == nil {
 		return nil
 	}
-	st := "unknown"
-	switch r.State {
-	case dedupv1.RecordState_RECORD_STATE_COMMITTED:
-		st = "committed"
-	case dedupv1.RecordState_RECORD_STATE_LEASED:
-		st = "leased"
-	}
-	return &history.Record{State: st, FirstSeenMs: r.FirstSeenUnixMs, ExpiresMs: r.ExpiresUnixMs,
+	return &history.Record{State: r.State.String(), FirstSeenMs: unixMs(r.FirstSeen), ExpiresMs: unixMs(r.Expires),
 		Token: history.Token(r.RequestToken), Fence: r.FencingToken}
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// one returns the only result of a one-item call.
+func one(rs []client.Result, err error) (client.Result, error) {
+	if err == nil && len(rs) != 1 {
+		err = errShort
+	}
+	if err != nil {
+		return client.Result{}, err
+	}
+	return rs[0], nil
 }
 
 var errShort = errors.New("short reply: no result for the item")
 
-func (w *workload) mark(ctx context.Context, client int, node *string, key string, tok []byte) *history.Op {
-	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Mark, Key: key, Token: history.Token(tok)})
-	var res *dedupv1.MarkResult
-	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
-		r, err := w.cs.dedup[id].Mark(ctx, &dedupv1.MarkRequest{Namespace: w.cfg.Namespace, TtlMs: w.cfg.TTL.Milliseconds(),
-			RequestToken: tok, Items: []*dedupv1.MarkItem{{Id: []byte(key)}}})
-		if err == nil && len(r.Results) != 1 {
-			err = errShort
-		}
-		if err == nil {
-			res = r.Results[0]
-		}
+// checkOne checks one key with the history's consistency (bounded by
+// maxStaleness) and returns the answer and how the node read it (known for
+// bounded checks only).
+func checkOne(ctx context.Context, c *client.Client, ns, key, consistency string, maxStaleness time.Duration) (client.Result, client.ReadPath, error) {
+	ids := [][]byte{[]byte(key)}
+	switch consistency {
+	case history.Bounded:
+		rs, path, err := c.CheckBounded(ctx, ns, ids, maxStaleness)
+		r, err := one(rs, err)
+		return r, path, err
+	case history.Stale:
+		r, err := one(c.Check(ctx, ns, ids, client.Stale))
+		return r, client.ReadPathUnknown, err
+	}
+	r, err := one(c.Check(ctx, ns, ids, client.Linearizable))
+	return r, client.ReadPathUnknown, err
+}
+
+func (w *workload) mark(ctx context.Context, cid int, node *string, key string, tok []byte) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: cid, Kind: history.Mark, Key: key, Token: history.Token(tok)})
+	var res client.Result
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) (err error) {
+		res, err = one(w.cs.cl[id].Mark(ctx, w.cfg.Namespace, []client.Item{{ID: []byte(key), RequestToken: tok}}, w.cfg.TTL))
 		return err
 	})
 	result := ""
 	var rec *history.Record
 	if out == history.OK {
-		result, rec = markCode(res.Code), recordOf(res.Record)
+		result, rec = res.Code.String(), recordOf(res.Record)
 	}
 	w.rec.Complete(op, out, result, rec, errText)
 	return op
 }
 
-func (w *workload) claim(ctx context.Context, client int, node *string, key string, tok []byte) *history.Op {
-	op := w.rec.Invoke(history.Op{Client: client, Kind: history.Claim, Key: key, Token: history.Token(tok)})
-	var res *dedupv1.ClaimResult
-	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
-		r, err := w.cs.dedup[id].Claim(ctx, &dedupv1.ClaimRequest{Namespace: w.cfg.Namespace, LeaseMs: w.cfg.Lease.Milliseconds(),
-			RequestToken: tok, Items: []*dedupv1.ClaimItem{{Id: []byte(key)}}})
-		if err == nil && len(r.Results) != 1 {
-			err = errShort
-		}
-		if err == nil {
-			res = r.Results[0]
-		}
+func (w *workload) claim(ctx context.Context, cid int, node *string, key string, tok []byte) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: cid, Kind: history.Claim, Key: key, Token: history.Token(tok)})
+	var res client.Result
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) (err error) {
+		res, err = one(w.cs.cl[id].Claim(ctx, w.cfg.Namespace, []client.Item{{ID: []byte(key), RequestToken: tok}}, w.cfg.Lease))
 		return err
 	})
 	result := ""
 	var rec *history.Record
 	if out == history.OK {
-		result, rec = claimCode(res.Code), recordOf(res.Record)
+		result, rec = res.Code.String(), recordOf(res.Record)
 		if result == history.Acquired && rec == nil {
 			out, result, errText = history.Info, "", "acquired without a record (no fencing token)"
 		}
@@ -518,36 +528,28 @@ func (w *workload) claim(ctx context.Context, client int, node *string, key stri
 	return op
 }
 
-func (w *workload) lease(ctx context.Context, client int, node *string, kind history.Kind, key string, fence uint64) *history.Op {
-	op := w.rec.Invoke(history.Op{Client: client, Kind: kind, Key: key, Fence: fence})
-	var res *dedupv1.LeaseResult
-	items := []*dedupv1.LeaseItem{{Id: []byte(key), FencingToken: fence}}
-	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) error {
-		var r *dedupv1.LeaseResponse
-		var err error
+func (w *workload) lease(ctx context.Context, cid int, node *string, kind history.Kind, key string, fence uint64) *history.Op {
+	op := w.rec.Invoke(history.Op{Client: cid, Kind: kind, Key: key, Fence: fence})
+	var res client.Result
+	leases := []client.Lease{{ID: []byte(key), FencingToken: fence}}
+	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) (err error) {
 		if kind == history.Commit {
-			r, err = w.cs.dedup[id].Commit(ctx, &dedupv1.CommitRequest{Namespace: w.cfg.Namespace, TtlMs: w.cfg.TTL.Milliseconds(), Items: items})
+			res, err = one(w.cs.cl[id].Commit(ctx, w.cfg.Namespace, leases, w.cfg.TTL))
 		} else {
-			r, err = w.cs.dedup[id].Release(ctx, &dedupv1.ReleaseRequest{Namespace: w.cfg.Namespace, Items: items})
-		}
-		if err == nil && len(r.Results) != 1 {
-			err = errShort
-		}
-		if err == nil {
-			res = r.Results[0]
+			res, err = one(w.cs.cl[id].Release(ctx, w.cfg.Namespace, leases))
 		}
 		return err
 	})
 	result := ""
 	var rec *history.Record
 	if out == history.OK {
-		result, rec = leaseCode(res.Code), recordOf(res.Record)
+		result, rec = res.Code.String(), recordOf(res.Record)
 	}
 	w.rec.Complete(op, out, result, rec, errText)
 	return op
 }
 
-func (w *workload) check(ctx context.Context, client int, node *string, key, consistency string) *history.Op {
+func (w *workload) check(ctx context.Context, cid int, node *string, key, consistency string) *history.Op {
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -557,81 +559,23 @@ func (w *workload) check(ctx context.Context, client int, node *string, key, con
 		n := w.cs.ids[w.intn(len(w.cs.ids))]
 		node = &n
 	}
-	op := history.Op{Client: client, Kind: history.Check, Key: key, Consistency: consistency}
-	req := &dedupv1.CheckRequest{Namespace: w.cfg.Namespace, Consistency: dedupv1.Consistency_CONSISTENCY_LINEARIZABLE, Ids: [][]byte{[]byte(key)}}
-	switch consistency {
-	case history.Stale:
-		req.Consistency = dedupv1.Consistency_CONSISTENCY_STALE
-	case history.Bounded:
-		req.Consistency = dedupv1.Consistency_CONSISTENCY_BOUNDED
-		req.MaxStalenessMs = w.cfg.MaxStaleness.Milliseconds()
-		op.MaxStalenessMs = req.MaxStalenessMs
+	op := history.Op{Client: cid, Kind: history.Check, Key: key, Consistency: consistency}
+	if consistency == history.Bounded {
+		op.MaxStalenessMs = w.cfg.MaxStaleness.Milliseconds()
 	}
 	o := w.rec.Invoke(op)
-	var res *dedupv1.CheckResult
-	out, errText := w.invoke(ctx, node, o, func(ctx context.Context, id string) error {
-		r, err := w.cs.dedup[id].Check(ctx, req)
-		if err == nil && len(r.Results) != 1 {
-			err = errShort
-		}
-		if err == nil {
-			res = r.Results[0]
-		}
+	var res client.Result
+	out, errText := w.invoke(ctx, node, o, func(ctx context.Context, id string) (err error) {
+		res, _, err = checkOne(ctx, w.cs.cl[id], w.cfg.Namespace, key, consistency, w.cfg.MaxStaleness)
 		return err
 	})
 	result := ""
 	var rec *history.Record
 	if out == history.OK {
-		result, rec = checkCode(res.Code), recordOf(res.Record)
+		result, rec = res.Code.String(), recordOf(res.Record)
 	} else {
 		out = history.Fail // a read that got no answer had no effect
 	}
 	w.rec.Complete(o, out, result, rec, errText)
 	return o
-}
-
-func markCode(c dedupv1.MarkResult_Code) string {
-	switch c {
-	case dedupv1.MarkResult_NEW:
-		return history.New
-	case dedupv1.MarkResult_DUPLICATE:
-		return history.Duplicate
-	case dedupv1.MarkResult_CONFLICT:
-		return history.Conflict
-	}
-	return "unknown"
-}
-
-func claimCode(c dedupv1.ClaimResult_Code) string {
-	switch c {
-	case dedupv1.ClaimResult_ACQUIRED:
-		return history.Acquired
-	case dedupv1.ClaimResult_DUPLICATE:
-		return history.Duplicate
-	case dedupv1.ClaimResult_IN_PROGRESS:
-		return history.InProgress
-	case dedupv1.ClaimResult_CONFLICT:
-		return history.Conflict
-	}
-	return "unknown"
-}
-
-func leaseCode(c dedupv1.LeaseResult_Code) string {
-	switch c {
-	case dedupv1.LeaseResult_OK:
-		return history.ResultOK
-	case dedupv1.LeaseResult_LEASE_LOST:
-		return history.LeaseLost
-	}
-	return "unknown"
-}
-
-func checkCode(c dedupv1.CheckResult_Code) string {
-	switch c {
-	case dedupv1.CheckResult_SEEN:
-		return history.Seen
-	case dedupv1.CheckResult_NOT_SEEN:
-		return history.NotSeen
-	}
-	return "unknown"
 }

@@ -15,8 +15,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -84,7 +82,9 @@ func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
-	c.discover(ctx)
+	if !c.opts.pinned {
+		c.discover(ctx)
+	}
 	return c, nil
 }
 
@@ -137,9 +137,9 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 		return cc, nil
 	}
 	l := c.linkLocked(addr)
-	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	creds := c.opts.creds()
 	if c.opts.tls != nil {
-		creds = watchedCreds{TransportCredentials: credentials.NewTLS(c.opts.tls), l: l}
+		creds = watchedCreds{TransportCredentials: creds, l: l}
 	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -174,6 +174,9 @@ func (c *Client) downLocked(addr string) bool {
 // learn records the membership seen in a Status answer from the node at
 // from ("" if unknown).
 func (c *Client) learn(from string, st *dedupv1.StatusResponse) {
+	if c.opts.pinned {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if from != "" && st.GetNodeId() != "" && st.GetNodeId() == st.GetLeaderId() {
@@ -353,6 +356,13 @@ func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, 
 	if t == toLeaderStream {
 		t = toLeader
 	}
+	if c.opts.pinned {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		addr := c.addrs[0]
+		cc, err := c.connLocked(addr)
+		return addr, cc, c.linkLocked(addr), err
+	}
 	if t == toRegionOrLeader || t == toRegionOrAny {
 		c.mu.Lock()
 		addr := c.regionalLocked()
@@ -437,7 +447,7 @@ func retryable(ctx context.Context, err error) bool {
 // attempt goes there without a discovery round.
 func (c *Client) hint(err error) {
 	st, ok := status.FromError(err)
-	if !ok {
+	if !ok || c.opts.pinned {
 		return
 	}
 	for _, d := range st.Details() {

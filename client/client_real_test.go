@@ -129,6 +129,36 @@ func TestWritesGoToTheLeader(t *testing.T) {
 	}
 }
 
+// WithPinnedNode sends every call to the one node given (it forwards
+// writes to its leader itself); the client discovers no leader and learns
+// no other node.
+func TestPinnedNodeSendsEveryCallToIt(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	nodes, li := startNodes(t, 3, nil)
+	f := nodes[(li+1)%3]
+
+	c := newClient(t, []string{f.addr}, fastRetry(3), client.WithPinnedNode())
+	if c.Leader() != "" {
+		t.Fatalf("pinned client discovered leader %q", c.Leader())
+	}
+	res, err := c.Mark(ctx, "ns", items("p"), 0)
+	if err != nil || res[0].Code != client.CodeNew {
+		t.Fatalf("mark through a follower: %v %v", res, err)
+	}
+	if _, err := c.Check(ctx, "ns", [][]byte{[]byte("p")}, client.Linearizable); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StatusOf(ctx, f.addr); err != nil {
+		t.Fatal(err)
+	}
+	if f.faults.Calls(markMethod) != 1 || f.faults.Calls(checkMethod) != 1 {
+		t.Fatalf("follower saw %d marks and %d checks, want 1 and 1", f.faults.Calls(markMethod), f.faults.Calls(checkMethod))
+	}
+	if got := c.Addrs(); len(got) != 1 || got[0] != f.addr || c.Leader() != "" {
+		t.Fatalf("pinned client knows %v, leader %q; want only %s", got, c.Leader(), f.addr)
+	}
+}
+
 // When the leader dies, calls ride out the election and the client
 // follows the new leader.
 func TestLeaderChangeIsFollowed(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Defaults used by New.
@@ -38,6 +40,7 @@ type options struct {
 	// maxStaleness is what Check with Bounded accepts (WithMaxStaleness).
 	maxStaleness time.Duration
 	region       string
+	pinned       bool
 }
 
 func defaultOptions() options {
@@ -153,4 +156,36 @@ func WithLogger(l *slog.Logger) Option {
 // to the leader, stale to any node). Default: no region.
 func WithRegion(name string) Option {
 	return func(o *options) { o.region = name }
+}
+
+// WithPinnedNode sends every call to the first address given to New: no
+// leader discovery, no routing to the leader, no other node learned. The
+// node forwards writes and linearizable reads to its leader itself. For
+// tools that choose the node of every call, such as chaos, which makes one
+// pinned client per node; applications want the default routing.
+func WithPinnedNode() Option {
+	return func(o *options) { o.pinned = true }
+}
+
+// DialOptions returns the gRPC dial options a Client made with opts uses
+// for its connections (TLS or plaintext, the token, the reply size limit,
+// WithDialOptions), for code that must hold raw connections of its own,
+// such as the load generator's (bench).
+func DialOptions(opts ...Option) []grpc.DialOption {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return append([]grpc.DialOption{
+		grpc.WithTransportCredentials(o.creds()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+	}, o.dialOpts...)
+}
+
+// creds are the transport credentials of the options: TLS or plaintext.
+func (o *options) creds() credentials.TransportCredentials {
+	if o.tls != nil {
+		return credentials.NewTLS(o.tls)
+	}
+	return insecure.NewCredentials()
 }

@@ -42,17 +42,18 @@ const (
 	CodeLeaseLost
 )
 
+// codeNames are the API's result names (api/dedup/v1/results.go).
 var codeNames = [...]string{
 	CodeUnknown:    "unknown",
-	CodeNew:        "new",
-	CodeDuplicate:  "duplicate",
-	CodeConflict:   "conflict",
-	CodeSeen:       "seen",
-	CodeNotSeen:    "not_seen",
-	CodeAcquired:   "acquired",
-	CodeInProgress: "in_progress",
-	CodeOK:         "ok",
-	CodeLeaseLost:  "lease_lost",
+	CodeNew:        dedupv1.ResultNew,
+	CodeDuplicate:  dedupv1.ResultDuplicate,
+	CodeConflict:   dedupv1.ResultConflict,
+	CodeSeen:       dedupv1.ResultSeen,
+	CodeNotSeen:    dedupv1.ResultNotSeen,
+	CodeAcquired:   dedupv1.ResultAcquired,
+	CodeInProgress: dedupv1.ResultInProgress,
+	CodeOK:         dedupv1.ResultOK,
+	CodeLeaseLost:  dedupv1.ResultLeaseLost,
 }
 
 // String returns the lower-case name, e.g. "not_seen".

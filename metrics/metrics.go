@@ -31,6 +31,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
 
 // Histogram buckets.
@@ -171,13 +173,13 @@ func (m *Metrics) ObserveRequest(op, code, origin string, d time.Duration, items
 	m.mu.Unlock()
 }
 
-// Item results, as they appear in the result label.
+// Item results, as they appear in the result label (the API's names).
 const (
-	ResultNew        = "new"
-	ResultDuplicate  = "duplicate"
-	ResultConflict   = "conflict"
-	ResultAcquired   = "acquired"
-	ResultInProgress = "in_progress"
+	ResultNew        = dedupv1.ResultNew
+	ResultDuplicate  = dedupv1.ResultDuplicate
+	ResultConflict   = dedupv1.ResultConflict
+	ResultAcquired   = dedupv1.ResultAcquired
+	ResultInProgress = dedupv1.ResultInProgress
 )
 
 // ObserveItems records n item results of one kind in a namespace ("" is

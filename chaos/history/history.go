@@ -20,6 +20,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
 
 // Kind names an operation.
@@ -48,17 +50,18 @@ const (
 	Info Outcome = "info"
 )
 
-// Result codes as the CLI prints them.
+// Result codes as the CLI prints them (the API's names, which
+// client.Code.String returns).
 const (
-	New        = "new"
-	Duplicate  = "duplicate"
-	Conflict   = "conflict"
-	Seen       = "seen"
-	NotSeen    = "not_seen"
-	Acquired   = "acquired"
-	InProgress = "in_progress"
-	ResultOK   = "ok"
-	LeaseLost  = "lease_lost"
+	New        = dedupv1.ResultNew
+	Duplicate  = dedupv1.ResultDuplicate
+	Conflict   = dedupv1.ResultConflict
+	Seen       = dedupv1.ResultSeen
+	NotSeen    = dedupv1.ResultNotSeen
+	Acquired   = dedupv1.ResultAcquired
+	InProgress = dedupv1.ResultInProgress
+	ResultOK   = dedupv1.ResultOK
+	LeaseLost  = dedupv1.ResultLeaseLost
 )
 
 // Consistency of a Check.
