@@ -34,8 +34,7 @@ func checkCoalesce(workload string) error {
 }
 
 func newCoalescing(ctx context.Context, cfg Config) (*coalescing, error) {
-	c, err := client.New(ctx, cfg.Addrs, client.WithTimeout(cfg.Timeout), client.WithMaxStaleness(cfg.MaxStaleness),
-		client.WithDialOptions(cfg.DialOptions...))
+	c, err := client.New(ctx, cfg.Addrs, append(cfg.clientOptions(), client.WithTimeout(cfg.Timeout), client.WithMaxStaleness(cfg.MaxStaleness))...)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
@@ -78,6 +78,10 @@ type Config struct {
 	// Window caps the calls in flight on one stream (0: the client's
 	// default).
 	Window int
+	// ClientOptions reach the cluster: TLS and token (client.WithTLS,
+	// client.WithToken). The raw connections use the same
+	// (client.DialOptions).
+	ClientOptions []client.Option
 }
 
 func (c *Config) defaults() error {
@@ -174,6 +178,11 @@ func (c *Config) consistency() dedupv1.Consistency {
 	return dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
 }
 
+// clientOptions are ClientOptions with DialOptions.
+func (c *Config) clientOptions() []client.Option {
+	return append(slices.Clone(c.ClientOptions), client.WithDialOptions(c.DialOptions...))
+}
+
 func (c *Config) isWrite() bool { return c.Workload != CheckHit && c.Workload != CheckMiss }
 
 // toLeader reports whether the client package would send this workload's
@@ -205,14 +214,11 @@ func (cs *conns) dedup(i int) dedupv1.DedupClient {
 	return dedupv1.NewDedupClient(cs.get(i))
 }
 
-func dial(addrs []string, perAddr int, extra ...grpc.DialOption) (*conns, error) {
+func dial(addrs []string, perAddr int, opts ...client.Option) (*conns, error) {
 	cs := &conns{}
 	for _, a := range addrs {
 		for i := 0; i < perAddr; i++ {
-			cc, err := grpc.NewClient(a, append([]grpc.DialOption{
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
-			}, extra...)...)
+			cc, err := grpc.NewClient(a, client.DialOptions(opts...)...)
 			if err != nil {
 				cs.close()
 				return nil, fmt.Errorf("dial %s: %w", a, err)
@@ -250,10 +256,10 @@ func (cs *conns) close() {
 func (cs *conns) get(i int) *grpc.ClientConn { return cs.all[i%len(cs.all)] }
 
 // findLeader asks the given nodes for the leader's gRPC address.
-func findLeader(ctx context.Context, addrs []string, timeout time.Duration, extra ...grpc.DialOption) (string, error) {
+func findLeader(ctx context.Context, addrs []string, timeout time.Duration, opts ...client.Option) (string, error) {
 	var lastErr error
 	for _, a := range addrs {
-		cc, err := grpc.NewClient(a, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
+		cc, err := grpc.NewClient(a, client.DialOptions(opts...)...)
 		if err != nil {
 			lastErr = err
 			continue
@@ -348,7 +354,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	addrs := cfg.Addrs
 	note := ""
 	if cfg.Target == "leader" && cfg.toLeader() {
-		if leader, err := findLeader(ctx, cfg.Addrs, 5*time.Second, cfg.DialOptions...); err == nil {
+		if leader, err := findLeader(ctx, cfg.Addrs, 5*time.Second, cfg.clientOptions()...); err == nil {
 			addrs = []string{leader}
 			if len(cfg.Addrs) > 1 {
 				note = "calls sent to the leader " + leader
@@ -357,7 +363,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			note = "leader unknown (" + err.Error() + "); calls spread over all addresses"
 		}
 	}
-	cs, err := dial(addrs, cfg.Conns, cfg.DialOptions...)
+	cs, err := dial(addrs, cfg.Conns, cfg.clientOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -38,6 +38,9 @@ type Config struct {
 	// Addrs, when set, names the gRPC addresses of a running cluster to
 	// use; otherwise a local cluster of Nodes nodes is started in-process.
 	Addrs []string
+	// ClientOptions reach the cluster at Addrs (client.WithTLS,
+	// client.WithToken).
+	ClientOptions []client.Option
 	// Nodes is the size of the local cluster (default 3).
 	Nodes int
 	// KillLeaderEvery, when positive, kills the leader node abruptly (no
@@ -495,7 +498,8 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 func (r *demoRun) newClient(ctx context.Context) (*client.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return client.New(dctx, r.addrs, client.WithTimeout(5*time.Second), client.WithRetry(100, 50*time.Millisecond, time.Second))
+	opts := append([]client.Option{client.WithTimeout(5 * time.Second), client.WithRetry(100, 50*time.Millisecond, time.Second)}, r.cfg.ClientOptions...)
+	return client.New(dctx, r.addrs, opts...)
 }
 
 func (r *demoRun) ackedCount() int64 { return r.broker.Acked() }

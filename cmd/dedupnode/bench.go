@@ -43,7 +43,7 @@ const benchExample = `  dedupnode dev &    # prints "addrs: a,b,c"
 func newBenchCmd() *cobra.Command {
 	var (
 		cfg        bench.Config
-		addrs      []string
+		cf         clientFlags // the connection flags every cluster command shares
 		output     string
 		noProgress bool
 		cpuProfile string
@@ -56,22 +56,22 @@ func newBenchCmd() *cobra.Command {
 		Example: benchExample,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd.Flags(), "addr"); err != nil {
+			if err := cf.validateConn(cmd); err != nil {
 				return err
 			}
+			if cf.timeout <= 0 {
+				return usagef("--timeout must be positive")
+			}
+			conn, err := cf.connOptions()
+			if err != nil {
+				return err
+			}
+			cfg.Addrs, cfg.Timeout, cfg.ClientOptions = cf.addrs, cf.timeout, conn
 			if len(args) == 1 {
 				if cmd.Flags().Changed("workload") && args[0] != cfg.Workload {
 					return usagef("workload given twice: %q and --workload %q", args[0], cfg.Workload)
 				}
 				cfg.Workload = args[0]
-			}
-			for _, a := range addrs {
-				if a = strings.TrimSpace(a); a != "" {
-					cfg.Addrs = append(cfg.Addrs, a)
-				}
-			}
-			if len(cfg.Addrs) == 0 {
-				return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr 127.0.0.1:7070")
 			}
 			if output != "text" && output != "json" {
 				return usagef("--output %q: want text or json", output)
@@ -129,9 +129,10 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	cf.registerConn(cmd)
+	// No retries here: a request is one call.
+	cf.registerTimeout(cmd, 5*time.Second)
 	fs := cmd.Flags()
-	fs.StringSliceVar(&addrs, "addr", []string{"127.0.0.1:7070"},
-		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR)")
 	fs.StringVarP(&cfg.Namespace, "namespace", "n", "bench", "`NAMESPACE` to write into (created when missing, see --create-namespace)")
 	fs.StringVarP(&cfg.Workload, "workload", "w", bench.MarkNew, "`WORKLOAD`: "+strings.Join(bench.Workloads, ", "))
 	fs.IntVarP(&cfg.Concurrency, "concurrency", "c", 50, "concurrent callers (`N`), each with one call in flight")
@@ -145,7 +146,6 @@ func newBenchCmd() *cobra.Command {
 	fs.StringVar(&cfg.Consistency, "consistency", "linearizable", "check-*: `CONSISTENCY` linearizable, stale or bounded (with --max-staleness)")
 	fs.DurationVar(&cfg.MaxStaleness, "max-staleness", 0, "check-* with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) a node may answer with from its own state")
 	fs.Var(durationValue{&ttl}, "ttl", "TTL of marked IDs (`DURATION`, e.g. 1d, 90m)")
-	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "deadline of one call (`DURATION`)")
 	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections per address (`N`)")
 	fs.IntVar(&cfg.Preload, "preload", 100000, "check-hit: IDs marked before measuring (`N`)")
 	fs.StringVar(&cfg.Target, "target", "leader", "`TARGET` of writes and linearizable checks: leader (as the client package does) or any (any of --addr; stale checks always go to any)")

@@ -84,13 +84,28 @@ func tlsHint(err error) string {
 // clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
 var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region"}
 
+// register adds the shared connection flags (registerConn), --timeout
+// (one request with its retries) and --output.
 func (f *clientFlags) register(cmd *cobra.Command) {
+	f.registerConn(cmd)
+	f.registerTimeout(cmd, 15*time.Second)
+	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text or json")
+}
+
+// registerTimeout adds --timeout with default def.
+func (f *clientFlags) registerTimeout(cmd *cobra.Command, def time.Duration) {
+	cmd.Flags().DurationVar(&f.timeout, "timeout", def,
+		"give up a request (one batch, with its retries) after this `DURATION`")
+}
+
+// registerConn adds the flags that say how to reach a cluster — --addr,
+// --tls-ca, --tls-cert, --tls-key, --token (and their DEDUPNODE_*
+// variables, read by validateConn) — for commands whose --timeout and
+// --output mean something of their own (bench, demo).
+func (f *clientFlags) registerConn(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.StringSliceVar(&f.addrs, "addr", []string{defaultAddr},
 		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR); one reachable node is enough, writes are routed to the leader")
-	fs.DurationVar(&f.timeout, "timeout", 15*time.Second,
-		"give up a request (one batch, with its retries) after this `DURATION`")
-	fs.StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text or json")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "connect over TLS, verifying the nodes with this CA `FILE` (PEM) (env DEDUPNODE_TLS_CA)")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate `FILE` (PEM) for clusters that require mutual TLS (env DEDUPNODE_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")
@@ -99,6 +114,21 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 }
 
 func (f *clientFlags) validate(cmd *cobra.Command) error {
+	if err := f.validateConn(cmd); err != nil {
+		return err
+	}
+	if f.output != "text" && f.output != "json" {
+		return usagef("--output %q: want text or json", f.output)
+	}
+	if f.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	return nil
+}
+
+// validateConn reads the DEDUPNODE_* variables of the connection flags and
+// checks them.
+func (f *clientFlags) validateConn(cmd *cobra.Command) error {
 	if err := applyEnv(cmd.Flags(), clientEnvFlags...); err != nil {
 		return err
 	}
@@ -107,9 +137,6 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 	}
 	if f.tlsCert != "" && f.tlsCA == "" {
 		return usagef("--tls-cert needs --tls-ca, the CA that signed the nodes' certificates")
-	}
-	if f.output != "text" && f.output != "json" {
-		return usagef("--output %q: want text or json", f.output)
 	}
 	if len(f.addrs) == 0 {
 		return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", defaultAddr)
@@ -124,13 +151,26 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 			return usagef("--addr %q: want HOST:PORT, e.g. %s", a, defaultAddr)
 		}
 	}
-	if f.timeout <= 0 {
-		return usagef("--timeout must be positive")
-	}
 	if err := cluster.CheckRegion(f.region); err != nil {
 		return usagef("--region: %v", err)
 	}
 	return nil
+}
+
+// connOptions are the client options of the TLS and token flags.
+func (f *clientFlags) connOptions() ([]client.Option, error) {
+	var opts []client.Option
+	if f.tlsCA != "" {
+		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	if f.token != "" {
+		opts = append(opts, client.WithToken(f.token))
+	}
+	return opts, nil
 }
 
 // dial validates the flags and creates a client. A client retries for at
@@ -142,21 +182,15 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	// Discovery at start is bounded by a short deadline: calls retry anyway.
 	dctx, cancel := context.WithTimeout(ctx, min(f.timeout, 2*time.Second))
 	defer cancel()
-	opts := []client.Option{
+	conn, err := f.connOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts := append([]client.Option{
 		client.WithTimeout(min(f.timeout, 10*time.Second)),
 		client.WithRetry(1000, 50*time.Millisecond, time.Second),
 		client.WithRetryIf(f.retryIf),
-	}
-	if f.tlsCA != "" {
-		cfg, err := security.ClientTLSFiles(f.tlsCA, f.tlsCert, f.tlsKey)
-		if err != nil {
-			return nil, usagef("%v", err)
-		}
-		opts = append(opts, client.WithTLS(cfg))
-	}
-	if f.token != "" {
-		opts = append(opts, client.WithToken(f.token))
-	}
+	}, conn...)
 	if f.region != "" {
 		opts = append(opts, client.WithRegion(f.region))
 	}

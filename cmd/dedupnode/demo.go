@@ -50,7 +50,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	cfg := demo.DefaultConfig()
 	var (
 		output     string
-		addrs      []string
+		cf         clientFlags // the connection flags every cluster command shares
 		noProgress bool
 		logLevel   string
 	)
@@ -79,9 +79,25 @@ func newDemoCmd(e *env) *cobra.Command {
 				}
 			}
 			if cmd.Flags().Changed("addr") {
-				cfg.Addrs = addrs
+				// The cluster at --addr: the shared connection flags and
+				// their DEDUPNODE_* variables apply (not DEDUPNODE_ADDR
+				// alone: without --addr the demo runs its own cluster).
+				if err := cf.validateConn(cmd); err != nil {
+					return err
+				}
+				conn, err := cf.connOptions()
+				if err != nil {
+					return err
+				}
+				cfg.Addrs, cfg.ClientOptions = cf.addrs, conn
 				if cfg.KillLeaderEvery > 0 {
 					return usagef("--kill-leader-every needs the local cluster: it cannot kill nodes of the cluster at --addr")
+				}
+			} else {
+				for _, name := range []string{"tls-ca", "tls-cert", "tls-key", "token"} {
+					if cmd.Flags().Changed(name) {
+						return usagef("--%s needs --addr: the demo's own cluster runs without TLS or tokens", name)
+					}
 				}
 			}
 			logger, err := newLogger(e.stderr, logLevel, "text")
@@ -126,13 +142,16 @@ func newDemoCmd(e *env) *cobra.Command {
 			return nil
 		}),
 	}
+	cf.registerConn(cmd)
+	addr := cmd.Flags().Lookup("addr")
+	addr.Usage = "use the running cluster at `HOST:PORT`[,...] instead of starting one (its namespaces need not auto-create: the demo creates its own); then --tls-*, --token and their DEDUPNODE_* variables apply"
+	addr.DefValue = "[]"
 	fs := cmd.Flags()
 	fs.StringVar(&cfg.Broker, "broker", "nats", "`BROKER` the events go through, embedded in this process: "+strings.Join(demo.Brokers, ", "))
 	fs.IntVar(&cfg.Messages, "messages", 100_000, "unique events to publish (`N`)")
 	fs.IntVar(&cfg.Consumers, "consumers", 4, "`N` consumer processes, each with its own broker connection and dedupnode client")
 	fs.IntVar(&cfg.Workers, "workers", 64, "messages (`N`) each consumer handles at once")
 	fs.DurationVar(&cfg.KillLeaderEvery, "kill-leader-every", 0, "kill the leader node abruptly and restart it, again and again while consumers run: each leader leads for `DURATION` (e.g. 5s; 0 = never)")
-	fs.StringSliceVar(&addrs, "addr", nil, "use the running cluster at `HOST:PORT`[,...] instead of starting one (its namespaces need not auto-create: the demo creates its own)")
 	fs.Float64Var(&cfg.RetryRate, "retry-rate", cfg.RetryRate, "share (`0..1`) of events the producer publishes again 1-3 s later")
 	fs.Float64Var(&cfg.ReplayRate, "replay-rate", cfg.ReplayRate, "size of the older range replayed, as a share (`0..1`) of --messages")
 	fs.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "chance (`0..1`) that a delivery crashes its consumer mid-message")
