@@ -24,15 +24,7 @@ func TestWholeStateReadersDuringRestore(t *testing.T) {
 			dst.mark(t0, fmt.Sprint("d", i), 60_000)
 		}
 	}
-	snap, err := src.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stream bytes.Buffer
-	if err := snap.(*snapshot).writeStream(&stream); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	stream := snapshotStream(t, src)
 	want, err := src.f.DigestState(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -95,15 +87,7 @@ func TestWalkSnapshotReadsWhatSnapshotWrites(t *testing.T) {
 	for i := range 500 {
 		h.mark(t0, fmt.Sprint("w", i), 60_000)
 	}
-	snap, err := h.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stream bytes.Buffer
-	if err := snap.(*snapshot).writeStream(&stream); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	stream := snapshotStream(t, h)
 	hdr, err := ParseSnapshotHeader(stream.Bytes())
 	if err != nil {
 		t.Fatal(err)
@@ -138,4 +122,19 @@ func TestWalkSnapshotReadsWhatSnapshotWrites(t *testing.T) {
 			t.Errorf("WalkSnapshot(%q): %v, want ErrBadSnapshot", bad, err)
 		}
 	}
+}
+
+// snapshotStream is the snapshot stream of h's state.
+func snapshotStream(t *testing.T, h *harness) *bytes.Buffer {
+	t.Helper()
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	var stream bytes.Buffer
+	if err := snap.(*snapshot).writeStream(&stream); err != nil {
+		t.Fatal(err)
+	}
+	return &stream
 }
