@@ -255,32 +255,22 @@ func (cs *conns) close() {
 
 func (cs *conns) get(i int) *grpc.ClientConn { return cs.all[i%len(cs.all)] }
 
-// findLeader asks the given nodes for the leader's gRPC address.
+// findLeader asks the given nodes for the leader's gRPC address (the
+// client's leader discovery, each call bounded by timeout).
 func findLeader(ctx context.Context, addrs []string, timeout time.Duration, opts ...client.Option) (string, error) {
-	var lastErr error
-	for _, a := range addrs {
-		cc, err := grpc.NewClient(a, client.DialOptions(opts...)...)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		st, err := dedupv1.NewAdminClient(cc).Status(cctx, &dedupv1.StatusRequest{})
-		cancel()
-		_ = cc.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		if st.GetLeaderGrpcAddr() != "" {
-			return st.GetLeaderGrpcAddr(), nil
-		}
-		if st.GetState() == "leader" {
-			return a, nil
-		}
-		lastErr = fmt.Errorf("%s knows no leader (state %s)", a, st.GetState())
+	c, err := client.New(ctx, addrs, append(slices.Clone(opts), client.WithTimeout(timeout), client.WithRetry(1, 0, 0))...)
+	if err != nil {
+		return "", err
 	}
-	return "", lastErr
+	defer c.Close()
+	if l := c.Leader(); l != "" {
+		return l, nil
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		return "", err
+	}
+	return "", fmt.Errorf("%s knows no leader (state %s)", st.NodeID, st.State)
 }
 
 // WaitReady polls Admin.Status on the given nodes until one names a leader
@@ -305,19 +295,17 @@ func WaitReady(ctx context.Context, addrs []string, timeout time.Duration) (stri
 
 // EnsureNamespace creates the namespace unless it exists. Servers without
 // the Admin service (or with auto-create) are left alone.
-func EnsureNamespace(ctx context.Context, cc grpc.ClientConnInterface, name string, ttl time.Duration) error {
+func EnsureNamespace(ctx context.Context, c *client.Client, name string, ttl time.Duration) error {
 	if name == "" {
 		name = "default"
 	}
-	adm := dedupv1.NewAdminClient(cc)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ns, err := adm.DescribeNamespace(cctx, &dedupv1.DescribeNamespaceRequest{Name: name})
+	ns, err := c.DescribeNamespace(cctx, name)
 	switch status.Code(err) {
 	case codes.OK:
-		if m := ns.GetNamespace().GetMaxTtlMs(); m > 0 && m < ttl.Milliseconds() {
-			return fmt.Errorf("namespace %q allows a TTL of at most %s, below --ttl %s",
-				name, time.Duration(m)*time.Millisecond, ttl)
+		if m := ns.MaxTTL; m > 0 && m < ttl {
+			return fmt.Errorf("namespace %q allows a TTL of at most %s, below --ttl %s", name, m, ttl)
 		}
 		return nil
 	case codes.NotFound:
@@ -326,12 +314,7 @@ func EnsureNamespace(ctx context.Context, cc grpc.ClientConnInterface, name stri
 	default:
 		return fmt.Errorf("describe namespace %q: %w", name, err)
 	}
-	maxTTL := max(ttl, 7*24*time.Hour)
-	_, err = adm.CreateNamespace(cctx, &dedupv1.CreateNamespaceRequest{Namespace: &dedupv1.Namespace{
-		Name:         name,
-		DefaultTtlMs: ttl.Milliseconds(),
-		MaxTtlMs:     maxTTL.Milliseconds(),
-	}})
+	_, err = c.CreateNamespace(cctx, client.Namespace{Name: name, DefaultTTL: ttl, MaxTTL: max(ttl, 7*24*time.Hour)})
 	if err != nil && status.Code(err) != codes.AlreadyExists {
 		return fmt.Errorf("create namespace %q: %w", name, err)
 	}
@@ -373,7 +356,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cs.pipeline(cfg.Window)
 	}
 	if cfg.CreateNamespace {
-		if err := EnsureNamespace(ctx, cs.get(0), cfg.Namespace, cfg.TTL); err != nil {
+		adm, err := client.New(ctx, addrs, cfg.clientOptions()...)
+		if err != nil {
+			return nil, err
+		}
+		err = EnsureNamespace(ctx, adm, cfg.Namespace, cfg.TTL)
+		adm.Close()
+		if err != nil {
 			return nil, err
 		}
 	}
