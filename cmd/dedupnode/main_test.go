@@ -178,6 +178,7 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	f.snapInterval, _ = fs.GetDuration("raft-snapshot-interval")
 	f.trailingLogs, _ = fs.GetUint64("raft-trailing-logs")
 	f.raftLogStore, _ = fs.GetString("raft-log-store")
+	f.maxClockOff, _ = fs.GetDuration("max-clock-offset")
 	cfg, _, err := f.config(io.Discard)
 	if err != nil {
 		t.Fatal(err)
