@@ -342,18 +342,17 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 
 // freshWithin reports whether this node's state provably includes every
 // write acknowledged more than maxStalenessMs ago. The proof is the
-// leader timestamp L of the last entry applied here (fsm.LastTimestamp):
-// any entry not applied yet comes later in the log, so its timestamp is at
-// least L; a write acknowledged at real time t_w carries a timestamp read
-// from some leader's clock at or before t_w. With every leader's clock at
-// most MaxClockOffset ahead of this node's, and this node's clock not
-// stepping back, such a write acknowledged before now - maxStaleness has
-// a timestamp below now - maxStaleness + MaxClockOffset, so
-// now - L + MaxClockOffset < maxStaleness means it is applied here. An
-// idle log still advances L: the leader proposes a tick every
-// cluster.Config.StampInterval while read replicas exist. A node cut off
-// from the leader stops applying, L stops, and the test fails after
-// maxStaleness - MaxClockOffset.
+// largest leader timestamp L applied here (fsm.LastTimestamp): L was
+// stamped, by some leader's clock, on an entry that precedes in the log
+// any entry not applied here, so before any such write was acknowledged.
+// With every leader's clock at most MaxClockOffset ahead of this node's,
+// and this node's clock not stepping back, a write acknowledged before
+// now - maxStaleness and not applied here would force
+// L <= now - maxStaleness + MaxClockOffset, which the test excludes (proof:
+// cluster/DESIGN.md, Read replicas). An idle log still advances L: the
+// leader proposes a tick every cluster.Config.StampInterval while read
+// replicas exist. A node cut off from the leader stops applying, L stops,
+// and the test fails after maxStaleness - MaxClockOffset.
 func (s *Server) freshWithin(maxStalenessMs int64) bool {
 	lag := time.Now().UnixMilli() - s.node.FSM().LastTimestamp()
 	return lag+s.cfg.MaxClockOffset.Milliseconds() < maxStalenessMs
