@@ -1,7 +1,7 @@
 // Command scaleprobe times how long a dedupnode node takes to become
-// useful after it was started, for scripts/scale.sh. It polls one node's
-// gRPC address directly (no leader routing, unlike the client package and
-// the CLI) and prints, as one JSON object, the milliseconds from --since
+// useful after it was started, for scripts/scale.sh. It polls one node
+// through a client pinned to it (client.WithPinnedNode: no leader routing,
+// unlike the CLI) and prints, as one JSON object, the milliseconds from --since
 // (a Unix time in nanoseconds, taken just before the node was started) to
 // each milestone it reached:
 //
@@ -46,9 +46,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
 )
 
@@ -196,72 +195,62 @@ func probe(ctx context.Context, addr string, since time.Time, want map[string]bo
 			return fail("the port never accepted a connection")
 		}
 	}
-	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
+	// A client pinned to this node: every call goes there (no leader
+	// routing), as one attempt bounded by 2 s; a quick reconnect backoff,
+	// as the node may still be coming up.
+	c, err := client.New(ctx, []string{addr}, client.WithPinnedNode(), client.WithRetry(1, 0, 0),
+		client.WithTimeout(2*time.Second), client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.2, MaxDelay: 100 * time.Millisecond},
 			MinConnectTimeout: time.Second,
-		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
+		})))
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
-	defer cc.Close()
-	adm := dedupv1.NewAdminClient(cc)
-	dd := dedupv1.NewDedupClient(cc)
+	defer c.Close()
 
 	var targetKnown bool
 	for !done() {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := adm.Status(cctx, &dedupv1.StatusRequest{})
-		ccancel()
+		st, err := c.StatusOf(ctx, addr)
 		if err == nil {
 			if res.StatusMs == nil {
 				res.StatusMs = ms(since)
 			}
-			if st.GetLeaderId() != "" {
+			if st.LeaderID != "" {
 				if res.LeaderMs == nil {
 					res.LeaderMs = ms(since)
 				}
 				if !targetKnown {
-					if st.GetState() == "leader" {
-						res.Target, targetKnown = st.GetCommitIndex(), true
-					} else if la := st.GetLeaderGrpcAddr(); la != "" {
-						if ci, ok := leaderCommit(ctx, la); ok {
+					if st.State == "leader" {
+						res.Target, targetKnown = st.CommitIndex, true
+					} else if la := st.LeaderGRPCAddr; la != "" {
+						if ci, ok := leaderCommit(ctx, c, la); ok {
 							res.Target, targetKnown = ci, true
 						}
 					}
 				}
-				if targetKnown && res.CaughtUpMs == nil && st.GetAppliedIndex() >= res.Target {
+				if targetKnown && res.CaughtUpMs == nil && st.AppliedIndex >= res.Target {
 					res.CaughtUpMs = ms(since)
 				}
 			}
-			if res.SnapshotMs == nil && st.GetLastSnapshotIndex() > 0 {
+			if res.SnapshotMs == nil && st.LastSnapshotIndex > 0 {
 				res.SnapshotMs = ms(since)
-				res.Snapshot = st.GetLastSnapshotIndex()
+				res.Snapshot = st.LastSnapshotIndex
 			}
 			if res.VoterMs == nil {
-				for _, m := range st.GetMembers() {
-					if m.GetId() == st.GetNodeId() && m.GetSuffrage() == "voter" {
+				for _, m := range st.Members {
+					if m.ID == st.NodeID && m.Suffrage == "voter" {
 						res.VoterMs = ms(since)
 					}
 				}
 			}
-			if res.BloomMs == nil && st.GetBloom().GetReady() {
+			if res.BloomMs == nil && st.Bloom.Ready {
 				res.BloomMs = ms(since)
 			}
 		}
 		if want["check"] && res.CheckMs == nil && res.LeaderMs != nil {
-			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-			cr, err := dd.Check(cctx, &dedupv1.CheckRequest{
-				Namespace:   ns,
-				Ids:         [][]byte{[]byte(id)},
-				Consistency: dedupv1.Consistency_CONSISTENCY_LINEARIZABLE,
-			})
-			ccancel()
-			if err == nil && len(cr.GetResults()) == 1 && cr.GetResults()[0].GetCode() == dedupv1.CheckResult_SEEN {
+			rs, err := c.Check(ctx, ns, [][]byte{[]byte(id)}, client.Linearizable)
+			if err == nil && len(rs) == 1 && rs[0].Code == client.CodeSeen {
 				res.CheckMs = ms(since)
 			}
 		}
@@ -275,18 +264,12 @@ func probe(ctx context.Context, addr string, since time.Time, want map[string]bo
 	return res
 }
 
-// leaderCommit reads the leader's commit index from its own Status.
-func leaderCommit(ctx context.Context, addr string) (uint64, bool) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+// leaderCommit reads the leader's commit index from its own Status (one
+// attempt to the leader's address, over c's connection to it).
+func leaderCommit(ctx context.Context, c *client.Client, addr string) (uint64, bool) {
+	st, err := c.StatusOf(ctx, addr)
+	if err != nil || st.State != "leader" {
 		return 0, false
 	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	st, err := dedupv1.NewAdminClient(cc).Status(cctx, &dedupv1.StatusRequest{})
-	if err != nil || st.GetState() != "leader" {
-		return 0, false
-	}
-	return st.GetCommitIndex(), true
+	return st.CommitIndex, true
 }
