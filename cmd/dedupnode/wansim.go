@@ -15,11 +15,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/bench"
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
+	"github.com/dedupnode/dedupnode/client"
 )
 
 const wanSimLong = `Wan-sim starts, on loopback, 3 voters in three regions (us, eu, ap) and
@@ -220,15 +219,15 @@ func (s *wanSim) dialFrom(r string) []grpc.DialOption {
 	})}
 }
 
-func (s *wanSim) status(ctx context.Context, addr string) (*dedupv1.StatusResponse, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// status is the view of the node at addr (one attempt, 3 s at most), through
+// a client pinned to that node.
+func (s *wanSim) status(ctx context.Context, addr string) (client.Status, error) {
+	c, err := client.New(ctx, []string{addr}, client.WithPinnedNode(), client.WithTimeout(3*time.Second))
 	if err != nil {
-		return nil, err
+		return client.Status{}, err
 	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	return dedupv1.NewAdminClient(cc).Status(cctx, &dedupv1.StatusRequest{})
+	defer c.Close()
+	return c.StatusOf(ctx, addr)
 }
 
 // leader returns the leader's ID and term as n1 sees them once it is ready.
@@ -237,7 +236,7 @@ func (s *wanSim) leader(ctx context.Context) (string, uint64) {
 	if err != nil || !st.Healthy {
 		return "", 0
 	}
-	return st.LeaderId, st.Term
+	return st.LeaderID, st.Term
 }
 
 func (s *wanSim) waitFor(ctx context.Context, what string, cond func() bool) error {
@@ -390,18 +389,17 @@ func (s *wanSim) run(ctx context.Context, replicas bool, per, healthy, staleness
 	var back time.Duration
 	var backErr error
 	if healthy == 0 {
-		cc, err := grpc.NewClient(s.grpc["n1"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// One attempt, sent to n1 (the leader, in the preferred region).
+		c, err := client.New(ctx, []string{s.grpc["n1"]}, client.WithPinnedNode(), client.WithRetry(1, 0, 0), client.WithTimeout(20*time.Second))
 		if err == nil {
-			tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			_, backErr = dedupv1.NewAdminClient(cc).TransferLeadership(tctx, &dedupv1.TransferLeadershipRequest{NodeId: "n3"})
-			cancel()
-			cc.Close()
+			_, backErr = c.TransferLeadership(ctx, "n3")
+			c.Close()
 			t0 := time.Now()
 			if backErr == nil {
 				bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 				backErr = s.waitFor(bctx, "leadership back in us", func() bool {
 					st, err := s.status(ctx, s.grpc["n3"])
-					return err == nil && st.LeaderId == "n1" && time.Since(t0) > time.Second
+					return err == nil && st.LeaderID == "n1" && time.Since(t0) > time.Second
 				})
 				cancel()
 				back = time.Since(t0)
