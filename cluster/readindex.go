@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/fsm"
 )
 
 // readIndexer shares leadership confirmations between concurrent reads
@@ -93,9 +96,9 @@ func (ri *readIndexer) run() {
 }
 
 // readIndexOnce does one confirmation round. The term is read before the
-// commit index and again after VerifyLeader: equal terms, ready in that
-// term, and a successful quorum check in between mean no other leader can
-// have committed anything this commit index misses.
+// commit index and again after confirmLeadership: equal terms, ready in
+// that term, and a voter majority's confirmation in between mean no other
+// leader can have committed anything this commit index misses.
 func (n *Node) readIndexOnce() (uint64, error) {
 	t1 := n.raft.CurrentTerm()
 	if n.raft.State() != raft.Leader {
@@ -105,15 +108,71 @@ func (n *Node) readIndexOnce() (uint64, error) {
 		return 0, ErrNotReady
 	}
 	idx := n.raft.CommitIndex()
-	if err := n.awaitFuture(n.raft.VerifyLeader()); err != nil {
-		if errors.Is(err, raft.ErrRaftShutdown) {
-			return 0, ErrShutdown
-		}
-		nl := n.notLeaderError()
-		return 0, fmt.Errorf("confirm leadership: %w (%w)", nl, err)
+	if err := n.confirmLeadership(); err != nil {
+		return 0, err
 	}
 	if t2 := n.raft.CurrentTerm(); t2 != t1 {
 		return 0, n.notLeaderError()
 	}
 	return idx, nil
+}
+
+// confirmLeadership checks that a majority of the voters still follow this
+// leader's term, after the caller read the commit index.
+//
+// raft.VerifyLeader does that with one heartbeat round, but it counts an
+// answer from every follower it replicates to, non-voters included
+// (hashicorp/raft verifyLeader: each replState votes toward the quorum).
+// With a read replica (or a joining node still catching up) in the
+// configuration, that non-voter alone could confirm a leader whom the
+// voters already left: cut off the leader's region, replica included, and
+// the old leader would keep answering "linearizable" reads from a state
+// the new leader's acknowledged writes are missing, until its lease check
+// steps it down. So when the configuration holds a non-voter the round
+// commits an OpTick instead: Raft's commitment counts voters only, and an
+// entry committed in this term proves a voter majority followed the term
+// after the commit index was read. It costs an entry (and its fsyncs)
+// per round, shared by every read waiting on it, and only in clusters
+// with non-voters.
+func (n *Node) confirmLeadership() error {
+	if !n.hasNonvoters() {
+		if err := n.awaitFuture(n.raft.VerifyLeader()); err != nil {
+			if errors.Is(err, raft.ErrRaftShutdown) {
+				return ErrShutdown
+			}
+			return fmt.Errorf("confirm leadership: %w (%w)", n.notLeaderError(), err)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), confirmByCommitTimeout)
+	defer cancel()
+	if _, err := n.proposeInternal(ctx, []fsm.Op{{Kind: fsm.OpTick}}); err != nil {
+		if errors.Is(err, ErrShutdown) {
+			return ErrShutdown
+		}
+		return fmt.Errorf("confirm leadership by a commit: %w (%w)", n.notLeaderError(), err)
+	}
+	return nil
+}
+
+// confirmByCommitTimeout bounds a confirmation round by commit. A leader
+// cut off from its voters fails the round sooner, when raft steps it down
+// (LeaderLeaseTimeout); the bound is for a leader whose disk stalls.
+const confirmByCommitTimeout = 30 * time.Second
+
+// hasNonvoters reports whether the latest Raft configuration, committed
+// or not, holds a server without a vote (read replica, or a node being
+// added or caught up). raft answers GetConfiguration without a round
+// through its main loop.
+func (n *Node) hasNonvoters() bool {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return true // unknown: take the path that is right either way
+	}
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			return true
+		}
+	}
+	return false
 }
