@@ -255,6 +255,13 @@ type wanRow struct {
 	res                      *bench.Result
 	err                      error
 	floor                    time.Duration
+	// quorumFloor, for a linearizable check: floor plus the leader's round
+	// trip to its nearest voter, the confirmation a read index needs
+	// without leader leases (cluster/DESIGN.md, Read index).
+	quorumFloor time.Duration
+	// outstanding is the IDs the callers keep in flight (callers × IDs
+	// per call): closed-loop callers cannot exceed outstanding / latency.
+	outstanding int
 }
 
 func (s *wanSim) run(ctx context.Context, replicas bool, per, healthy, staleness time.Duration) (string, error) {
@@ -343,8 +350,9 @@ func (s *wanSim) run(ctx context.Context, replicas bool, per, healthy, staleness
 	var rows []wanRow
 	rtt := func(a, b string) time.Duration { return 2 * s.oneWay(a, b) }
 	nearest := min(rtt("us", "eu"), rtt("us", "ap"))
-	runOne := func(r, workload, cons string, coalesce bool, addrs []string, target string, floor time.Duration) {
-		cfg := bench.Config{Addrs: addrs, Namespace: "wan", Workload: workload, Concurrency: 50, Batch: 16, IDSize: 16,
+	callers, batch := 50, 16
+	runOne := func(r, workload, cons string, coalesce bool, addrs []string, target string, floor time.Duration) *wanRow {
+		cfg := bench.Config{Addrs: addrs, Namespace: "wan", Workload: workload, Concurrency: callers, Batch: batch, IDSize: 16,
 			Duration: per, Warmup: time.Second, Consistency: cons, MaxStaleness: staleness, TTL: time.Hour, Timeout: 10 * time.Second,
 			Conns: 1, Target: target, CreateNamespace: true, Coalesce: coalesce, Transport: "unary", DialOptions: s.dialFrom(r)}
 		if coalesce {
@@ -358,11 +366,15 @@ func (s *wanSim) run(ctx context.Context, replicas bool, per, healthy, staleness
 		if cons != "" {
 			name += " " + cons
 		}
-		if coalesce {
-			name += " (Batcher, 50 callers x 16 single-ID calls)"
+		switch {
+		case coalesce:
+			name += fmt.Sprintf(" (Batcher, %d callers x %d single-ID calls)", callers, batch)
+		case callers != 50 || batch != 16:
+			name += fmt.Sprintf(" (%d caller x %d ID: latency)", callers, batch)
 		}
 		fmt.Fprintf(s.log, "wan-sim: %s %s done\n", r, name)
-		rows = append(rows, wanRow{region: r, workload: name, target: target, res: res, err: err, floor: floor})
+		rows = append(rows, wanRow{region: r, workload: name, target: target, res: res, err: err, floor: floor, outstanding: callers * batch})
+		return &rows[len(rows)-1]
 	}
 	if healthy > 0 {
 		cfg := bench.Config{Addrs: []string{s.grpc["n1"]}, Namespace: "wan", Workload: bench.MarkNew, Concurrency: 4, Batch: 16, IDSize: 16,
@@ -370,14 +382,30 @@ func (s *wanSim) run(ctx context.Context, replicas bool, per, healthy, staleness
 		res, err := bench.Run(ctx, cfg)
 		rows = append(rows, wanRow{region: "ap", workload: "mark-new, 4 callers (healthy run)", target: "leader", res: res, err: err})
 	} else {
+		// A linearizable check needs the leader confirmed by a voter
+		// majority; with read replicas that is a committed entry, without
+		// them a heartbeat round: the leader's round trip to its nearest
+		// voter either way.
+		linear := func(r string) *wanRow {
+			row := runOne(r, bench.CheckMiss, "linearizable", false, []string{local(r)}, "leader", rtt(r, "us"))
+			row.quorumFloor = rtt(r, "us") + nearest
+			return row
+		}
 		for _, r := range wanRegions {
 			toLeader := rtt(r, "us")
 			runOne(r, bench.MarkNew, "", false, []string{local(r)}, "leader", toLeader+nearest)
 			runOne(r, bench.ClaimCommit, "", false, []string{local(r)}, "leader", toLeader+nearest)
-			runOne(r, bench.CheckMiss, "linearizable", false, []string{local(r)}, "leader", toLeader)
+			linear(r)
 			runOne(r, bench.CheckMiss, "bounded", false, []string{local(r)}, "any", 0)
 			runOne(r, bench.CheckMiss, "stale", false, []string{local(r)}, "any", 0)
 		}
+		// Latency without queueing: one caller, one ID per call.
+		callers, batch = 1, 1
+		for _, r := range wanRegions {
+			runOne(r, bench.MarkNew, "", false, []string{local(r)}, "leader", rtt(r, "us")+nearest)
+			linear(r)
+		}
+		callers, batch = 50, 16
 		runOne("ap", bench.MarkNew, "", true, []string{local("ap")}, "leader", rtt("ap", "us")+nearest)
 		runOne("us", bench.MarkNew, "", true, []string{local("us")}, "leader", nearest)
 	}
@@ -431,21 +459,40 @@ func (s *wanSim) report(rows []wanRow, elections int64, elapsed, back time.Durat
 		b.WriteString(", read replicas r1 (us), r2 (eu), r3 (ap)")
 	}
 	b.WriteString("; `--raft-timing wan`, `--preferred-leader-regions us` (hold 10 s). One-way delays on every Raft link between regions and on every client connection to another region's node (chaos's netproxy); node-to-node gRPC (read index from a follower, forwarded writes) is not delayed, so the bench sends writes and linearizable checks to the leader itself, through the caller's region proxy. Each workload: 50 callers × 16 IDs per call, 1 s warm-up, then measured.\n\n")
-	b.WriteString("| from | workload | sent to | IDs/s | p50 ms | p99 ms | floor p50 ms | p50 / floor | errors |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| from | workload | sent to | IDs/s | p50 ms | p99 ms | floor p50 ms | p50 / floor | quorum floor ms | p50 / quorum floor | errors |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	ratioTo := func(p50 float64, d time.Duration) (string, string) {
+		if d <= 0 {
+			return "-", "-"
+		}
+		return fmt.Sprintf("%.0f", ms(d)), fmt.Sprintf("%.2f", p50/ms(d))
+	}
+	var oneRegion float64
+	for _, r := range rows {
+		if r.region == "us, no delays" && r.res != nil {
+			oneRegion = r.res.IDsPerSec
+		}
+	}
+	var bounds []string
 	for _, r := range rows {
 		if r.err != nil || r.res == nil {
-			fmt.Fprintf(&b, "| %s | %s | %s | - | - | - | - | - | %v |\n", r.region, r.workload, r.target, r.err)
+			fmt.Fprintf(&b, "| %s | %s | %s | - | - | - | - | - | - | - | %v |\n", r.region, r.workload, r.target, r.err)
 			continue
 		}
-		floor, ratio := "-", "-"
-		if r.floor > 0 {
-			floor = fmt.Sprintf("%.0f", float64(r.floor)/1e6)
-			ratio = fmt.Sprintf("%.2f", r.res.P50Ms/(float64(r.floor)/1e6))
-		}
+		floor, ratio := ratioTo(r.res.P50Ms, r.floor)
+		qfloor, qratio := ratioTo(r.res.P50Ms, r.quorumFloor)
 		target := map[string]string{"leader": "leader", "any": "local node"}[r.target]
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.1f | %.1f | %s | %s | %d |\n", r.region, r.workload, target, r.res.IDsPerSec, r.res.P50Ms, r.res.P99Ms, floor, ratio, r.res.Errors)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.1f | %.1f | %s | %s | %s | %s | %d |\n", r.region, r.workload, target, r.res.IDsPerSec, r.res.P50Ms, r.res.P99Ms, floor, ratio, qfloor, qratio, r.res.Errors)
+		if strings.Contains(r.workload, "Batcher") && r.floor > 0 && oneRegion > 0 {
+			bound := float64(r.outstanding) / r.floor.Seconds()
+			bounds = append(bounds, fmt.Sprintf("- %s, %s: %.0f IDs/s = %.0f%% of the one-region %.0f. %d IDs outstanding at a %.0f ms floor allow at most %.0f IDs/s (%d / %.3f s) = %.0f%% of the one-region figure, whatever the servers do.",
+				r.region, r.workload, r.res.IDsPerSec, 100*r.res.IDsPerSec/oneRegion, oneRegion, r.outstanding, ms(r.floor), bound, r.outstanding, r.floor.Seconds(), 100*bound/oneRegion))
+		}
 	}
-	fmt.Fprintf(&b, "\nFloors: a linearizable check sent to the leader, one round trip to the leader; a write, that plus the leader's round trip to its nearest voter (us–eu, %v). The leader's read index also waits for a heartbeat round to a majority (the same us–eu round trip), so a linearizable check sent to the leader from another region costs about RTT + %v.\n\n", 2*s.oneWay("us", "eu"), 2*s.oneWay("us", "eu"))
+	if len(bounds) > 0 {
+		b.WriteString("\nClosed-loop callers (each waits for its answer before sending the next ID) are bounded by Little's law, throughput ≤ IDs outstanding / latency:\n\n" + strings.Join(bounds, "\n") + "\n")
+	}
+	fmt.Fprintf(&b, "\nFloors: a linearizable check sent to the leader, one round trip to the leader (\"floor\"); a write, that plus the leader's round trip to its nearest voter (us–eu, %v). The quorum floor of a linearizable check adds the same %v: without leader leases the leader must have a voter majority confirm its term after reading the commit index (a committed entry when the cluster has read replicas, a heartbeat round otherwise), so that floor is the least a linearizable check can cost here.\n\n", 2*s.oneWay("us", "eu"), 2*s.oneWay("us", "eu"))
 	fmt.Fprintf(&b, "Elections (Raft term changes seen by n1) during the %v of workloads: **%d**.\n\n", elapsed.Round(time.Second), elections)
 	if healthy == 0 {
 		if backErr != nil {
