@@ -422,8 +422,17 @@ func timeOf(ms int64) time.Time {
 }
 
 func recordOf(r *dedupv1.Record) *Record {
-	if r == nil {
+	rec, ok := recordValue(r)
+	if !ok {
 		return nil
+	}
+	return &rec
+}
+
+// recordValue is the Record r describes; false when r carries none.
+func recordValue(r *dedupv1.Record) (Record, bool) {
+	if r == nil {
+		return Record{}, false
 	}
 	var st RecordState
 	switch r.GetState() {
@@ -433,16 +442,16 @@ func recordOf(r *dedupv1.Record) *Record {
 		st = StateLeased
 	}
 	if st == StateUnknown && r.GetFirstSeenUnixMs() == 0 && r.GetExpiresUnixMs() == 0 && r.GetFencingToken() == 0 {
-		return nil
+		return Record{}, false
 	}
-	return &Record{
+	return Record{
 		State:        st,
 		FirstSeen:    timeOf(r.GetFirstSeenUnixMs()),
 		Expires:      timeOf(r.GetExpiresUnixMs()),
 		RequestToken: r.GetRequestToken(),
 		Digest:       r.GetDigest(),
 		FencingToken: r.GetFencingToken(),
-	}
+	}, true
 }
 
 func checkCode(c dedupv1.CheckResult_Code) Code {

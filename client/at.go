@@ -1,0 +1,195 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// Single-attempt calls on one node: MarkAt, CheckAt, ClaimAt and CommitAt
+// are Mark, Check, Claim and Commit sent, like StatusOf and DigestOf, as
+// one attempt to the node at addr: no retry, no leader discovery, no
+// redirection (whatever WithRetry says), and the client's view of the
+// leader is left alone. They are for load generators and probes that
+// measure single calls (dedupnode bench) and choose the node of each call
+// themselves; applications want the routed, retried calls.
+//
+// The attempt is bounded by the attempt timeout (WithTimeout) and ctx, and
+// goes over the client's transport: a unary RPC, or a message on the
+// node's Pipeline with WithTransport(TransportStream). A node that is not
+// the leader forwards writes and linearizable reads to it itself. Writes
+// carry the caller's request token (nil: none), so that a caller that
+// tries again by itself with the same token gets the first answer.
+//
+// Errors are *Error as for the other calls, with Attempts 1: a write
+// whose attempt may have been applied fails with ErrOutcomeUnknown, and
+// the status code of the attempt is kept (status.Code(err)).
+
+// MarkAt is Mark as one attempt on the node at addr, with request token
+// token. See "Single-attempt calls" above.
+func (c *Client) MarkAt(ctx context.Context, addr, namespace string, items []Item, ttl time.Duration, token []byte) ([]Result, error) {
+	ttlMs, err := durationMs("mark", "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token}
+	pb := make([]dedupv1.MarkItem, len(items))
+	for i, it := range items {
+		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
+		req.Items[i] = &pb[i]
+	}
+	var resp *dedupv1.MarkResponse
+	err = c.once(ctx, "mark", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Mark(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	rs := resp.GetResults()
+	if err := sameLen("mark", len(items), len(rs)); err != nil {
+		return nil, err
+	}
+	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	for i, r := range rs {
+		out[i] = Result{ID: items[i].ID, Code: markCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+	}
+	return out, nil
+}
+
+// CheckAt is Check as one attempt on the node at addr. Bounded uses the
+// client's max staleness (WithMaxStaleness). See "Single-attempt calls"
+// above.
+func (c *Client) CheckAt(ctx context.Context, addr, namespace string, ids [][]byte, consistency Consistency) ([]Result, error) {
+	var maxStaleness time.Duration
+	if consistency == Bounded {
+		if c.opts.maxStaleness == 0 {
+			return nil, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
+				Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d)"}
+		}
+		if err := validStaleness(c.opts.maxStaleness); err != nil {
+			return nil, err
+		}
+		maxStaleness = c.opts.maxStaleness
+	}
+	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
+	var resp *dedupv1.CheckResponse
+	err := c.once(ctx, "check", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Check(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	rs := resp.GetResults()
+	if err := sameLen("check", len(ids), len(rs)); err != nil {
+		return nil, err
+	}
+	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	for i, r := range rs {
+		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+	}
+	return out, nil
+}
+
+// ClaimAt is Claim as one attempt on the node at addr, with request token
+// token. See "Single-attempt calls" above.
+func (c *Client) ClaimAt(ctx context.Context, addr, namespace string, items []Item, lease time.Duration, token []byte) ([]Result, error) {
+	leaseMs, err := durationMs("claim", "lease", lease)
+	if err != nil {
+		return nil, err
+	}
+	req := &dedupv1.ClaimRequest{Namespace: namespace, Items: make([]*dedupv1.ClaimItem, len(items)), LeaseMs: leaseMs, RequestToken: token}
+	pb := make([]dedupv1.ClaimItem, len(items))
+	for i, it := range items {
+		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
+		req.Items[i] = &pb[i]
+	}
+	var resp *dedupv1.ClaimResponse
+	err = c.once(ctx, "claim", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Claim(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	rs := resp.GetResults()
+	if err := sameLen("claim", len(items), len(rs)); err != nil {
+		return nil, err
+	}
+	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	for i, r := range rs {
+		out[i] = Result{ID: items[i].ID, Code: claimCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+	}
+	return out, nil
+}
+
+// CommitAt is Commit as one attempt on the node at addr. See
+// "Single-attempt calls" above.
+func (c *Client) CommitAt(ctx context.Context, addr, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
+	ttlMs, err := durationMs("commit", "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	req := &dedupv1.CommitRequest{Namespace: namespace, Items: make([]*dedupv1.LeaseItem, len(leases)), TtlMs: ttlMs}
+	pb := make([]dedupv1.LeaseItem, len(leases))
+	for i, l := range leases {
+		pb[i].Id, pb[i].FencingToken = l.ID, l.FencingToken
+		req.Items[i] = &pb[i]
+	}
+	var resp *dedupv1.LeaseResponse
+	err = c.once(ctx, "commit", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Commit(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	rs := resp.GetResults()
+	if err := sameLen("commit", len(leases), len(rs)); err != nil {
+		return nil, err
+	}
+	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	for i, r := range rs {
+		out[i] = Result{ID: leases[i].ID, Code: leaseCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+	}
+	return out, nil
+}
+
+// once runs fn as one attempt on the node at addr, over the client's
+// transport, and turns its failure into an *Error.
+func (c *Client) once(ctx context.Context, op, addr string, fn func(ctx context.Context, d dedupv1.DedupClient) error) error {
+	c.mu.Lock()
+	cc, err := c.connLocked(addr)
+	l := c.linkLocked(addr)
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	before := l.state()
+	actx, cancel := c.attemptCtx(ctx)
+	err = fn(actx, c.dedup(ctx, cc))
+	cancel()
+	if err == nil {
+		return nil
+	}
+	e, maybeApplied := c.classify(op, addr, l, before, err)
+	if ctx.Err() != nil {
+		e.ctxErr = ctx.Err()
+	}
+	return c.finish(e, 1, maybeApplied && !readOps[op])
+}
+
+// recordInto is recordOf writing into dst (so that a batch's records take
+// one allocation); nil when r carries no record.
+func recordInto(dst *Record, r *dedupv1.Record) *Record {
+	rec, ok := recordValue(r)
+	if !ok {
+		return nil
+	}
+	*dst = rec
+	return dst
+}
