@@ -126,9 +126,10 @@ func (co *coalescing) op(cfg Config, gen *IDGen, hits [][]byte) Op {
 	}
 }
 
-// codeNames spell each client.Code as the raw gRPC path's answers are
-// counted (NEW, NOT_SEEN, ...): the client's names in upper case, computed
-// once so that counting allocates nothing.
+// codeNames spell each client.Code as the answers are counted (NEW,
+// NOT_SEEN, ...: the API's enum names, as before the bench went through
+// the client): the client's names in upper case, computed once so that
+// counting allocates nothing.
 var codeNames = func() (names [256]string) {
 	for i := range names {
 		names[i] = strings.ToUpper(client.Code(i).String())

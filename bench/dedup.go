@@ -13,10 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
-	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
 )
 
@@ -68,19 +66,19 @@ type Config struct {
 	// WAN simulation routes them through its delaying proxies).
 	DialOptions []grpc.DialOption
 	// Coalesce sends every ID as its own call through one client.Batcher
-	// (see coalescing) instead of one raw gRPC call per caller call.
+	// (see coalescing) instead of one single-attempt call per caller call.
 	Coalesce bool
 	// Transport "unary" (default) sends each call as its own RPC;
 	// "stream" sends the calls as messages on one Dedup.Stream per
-	// connection (client.Pipeline), shared by the callers that use it.
+	// connection (the client's Pipeline), shared by the callers that use
+	// it.
 	// With Coalesce it is the Batcher's transport.
 	Transport string
 	// Window caps the calls in flight on one stream (0: the client's
 	// default).
 	Window int
 	// ClientOptions reach the cluster: TLS and token (client.WithTLS,
-	// client.WithToken). The raw connections use the same
-	// (client.DialOptions).
+	// client.WithToken), for every client of the run.
 	ClientOptions []client.Option
 }
 
@@ -168,14 +166,14 @@ func (c *Config) transport() client.Transport {
 	return t
 }
 
-func (c *Config) consistency() dedupv1.Consistency {
+func (c *Config) clientConsistency() client.Consistency {
 	switch c.Consistency {
 	case "stale":
-		return dedupv1.Consistency_CONSISTENCY_STALE
+		return client.Stale
 	case "bounded":
-		return dedupv1.Consistency_CONSISTENCY_BOUNDED
+		return client.Bounded
 	}
-	return dedupv1.Consistency_CONSISTENCY_LINEARIZABLE
+	return client.Linearizable
 }
 
 // clientOptions are ClientOptions with DialOptions.
@@ -192,68 +190,64 @@ func (c *Config) toLeader() bool {
 	return c.isWrite() || (c.Consistency != "stale" && c.Consistency != "bounded")
 }
 
-// conns is a set of gRPC connections handed to workers round robin, with
-// a client.Pipeline on each for the stream transport.
-type conns struct {
-	all   []*grpc.ClientConn
-	pipes []*client.Pipeline
+// nodes are pinned clients (client.WithPinnedNode), one per connection,
+// handed to workers round robin. Every measured call is one attempt on its
+// client's node (client.Client.MarkAt and the like): no retry and no
+// re-routing, so that a call's latency is one round trip's.
+type nodes struct {
+	all []node
 }
 
-// pipeline opens a Pipeline on every connection.
-func (cs *conns) pipeline(window int) {
-	for _, c := range cs.all {
-		cs.pipes = append(cs.pipes, client.NewPipeline(c, window))
-	}
+// node is one pinned client and the address it is pinned to.
+type node struct {
+	c    *client.Client
+	addr string
 }
 
-// dedup returns worker i's Dedup client: a Pipeline when streaming.
-func (cs *conns) dedup(i int) dedupv1.DedupClient {
-	if len(cs.pipes) > 0 {
-		return cs.pipes[i%len(cs.pipes)]
-	}
-	return dedupv1.NewDedupClient(cs.get(i))
-}
-
-func dial(addrs []string, perAddr int, opts ...client.Option) (*conns, error) {
-	cs := &conns{}
+// dial makes perAddr pinned clients (connections) per address, with opts.
+func dial(ctx context.Context, addrs []string, perAddr int, opts ...client.Option) (*nodes, error) {
+	ns := &nodes{}
+	opts = append(slices.Clone(opts), client.WithPinnedNode(), client.WithRetry(1, 0, 0))
 	for _, a := range addrs {
 		for i := 0; i < perAddr; i++ {
-			cc, err := grpc.NewClient(a, client.DialOptions(opts...)...)
+			c, err := client.New(ctx, []string{a}, opts...)
 			if err != nil {
-				cs.close()
+				ns.close()
 				return nil, fmt.Errorf("dial %s: %w", a, err)
 			}
-			cs.all = append(cs.all, cc)
+			ns.all = append(ns.all, node{c: c, addr: a})
 		}
 	}
-	return cs, nil
+	return ns, nil
 }
 
-// warm connects every connection (bounded by timeout), so the first
-// measured calls do not pay for dialing.
-func (cs *conns) warm(ctx context.Context, timeout time.Duration) {
+// nodeOptions are the options of the measuring clients: the run's
+// transport, per-call timeout and max staleness.
+func (c *Config) nodeOptions() []client.Option {
+	opts := append(c.clientOptions(), client.WithTimeout(c.Timeout), client.WithTransport(c.transport(), c.Window))
+	if c.Consistency == "bounded" {
+		opts = append(opts, client.WithMaxStaleness(c.MaxStaleness))
+	}
+	return opts
+}
+
+// warm connects every client (one Status each, bounded by timeout in
+// all), so the first measured calls do not pay for dialing.
+func (ns *nodes) warm(ctx context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for _, c := range cs.all {
-		c.Connect()
-		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
-			if !c.WaitForStateChange(ctx, s) {
-				break
-			}
-		}
+	for _, n := range ns.all {
+		_, _ = n.c.StatusOf(ctx, n.addr)
 	}
 }
 
-func (cs *conns) close() {
-	for _, p := range cs.pipes {
-		_ = p.Close()
-	}
-	for _, c := range cs.all {
-		_ = c.Close()
+func (ns *nodes) close() {
+	for _, n := range ns.all {
+		_ = n.c.Close()
 	}
 }
 
-func (cs *conns) get(i int) *grpc.ClientConn { return cs.all[i%len(cs.all)] }
+func (ns *nodes) get(i int) node { return ns.all[i%len(ns.all)] }
 
 // findLeader asks the given nodes for the leader's gRPC address (the
 // client's leader discovery, each call bounded by timeout).
@@ -346,15 +340,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			note = "leader unknown (" + err.Error() + "); calls spread over all addresses"
 		}
 	}
-	cs, err := dial(addrs, cfg.Conns, cfg.clientOptions()...)
+	cs, err := dial(ctx, addrs, cfg.Conns, cfg.nodeOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	defer cs.close()
 	cs.warm(ctx, 5*time.Second)
-	if cfg.transport() == client.TransportStream && !cfg.Coalesce {
-		cs.pipeline(cfg.Window)
-	}
 	if cfg.CreateNamespace {
 		adm, err := client.New(ctx, addrs, cfg.clientOptions()...)
 		if err != nil {
@@ -370,7 +361,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	seed := NewRunSeed()
 	var hits [][]byte
 	if cfg.Workload == CheckHit {
-		hits, err = preload(ctx, cfg, cs, seed)
+		hits, err = preload(ctx, cfg, addrs, seed)
 		if err != nil {
 			return nil, fmt.Errorf("preload for check-hit: %w", err)
 		}
@@ -404,7 +395,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		OnMeasure:   cfg.OnMeasure,
 	}
 	newOp := func(w int) (Op, error) {
-		return newDedupOp(cfg, cs.dedup(w), NewIDGen(seed, w, cfg.IDSize), hits), nil
+		return newDedupOp(cfg, cs.get(w), NewIDGen(seed, w, cfg.IDSize), hits), nil
 	}
 	var co *coalescing
 	if cfg.Coalesce {
@@ -451,12 +442,20 @@ func joinNotes(parts ...string) string {
 	return strings.Join(out, "; ")
 }
 
-// preload marks cfg.Preload fresh IDs (1000 per call, 8 callers) and
-// returns them, for check-hit. Bounded by 5 minutes.
-func preload(ctx context.Context, cfg Config, cs *conns, seed uint64) ([][]byte, error) {
+// preload marks cfg.Preload fresh IDs (1000 per call, 8 callers, over
+// unary connections of their own to addrs, each call tried up to 20 times
+// with its request token, 30 s per try) and returns them, for check-hit.
+// Bounded by 5 minutes.
+func preload(ctx context.Context, cfg Config, addrs []string, seed uint64) ([][]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	const per, callers = 1000, 8
+	cs, err := dial(ctx, addrs, 1, append(cfg.clientOptions(), client.WithTimeout(30*time.Second))...)
+	if err != nil {
+		return nil, err
+	}
+	defer cs.close()
+	ttl := cfg.TTL.Truncate(time.Millisecond)
 	ids := make([][]byte, cfg.Preload)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -466,7 +465,8 @@ func preload(ctx context.Context, cfg Config, cs *conns, seed uint64) ([][]byte,
 		go func(c int) {
 			defer wg.Done()
 			gen := NewIDGen(seed, cfg.Concurrency+1+c, cfg.IDSize)
-			cl := dedupv1.NewDedupClient(cs.get(c))
+			nd := cs.get(c)
+			items := make([]client.Item, 0, per)
 			for ctx.Err() == nil {
 				hi := next.Add(per)
 				lo := hi - per
@@ -474,16 +474,15 @@ func preload(ctx context.Context, cfg Config, cs *conns, seed uint64) ([][]byte,
 					return
 				}
 				hi = min(hi, int64(len(ids)))
-				req := &dedupv1.MarkRequest{Namespace: cfg.Namespace, TtlMs: cfg.TTL.Milliseconds(), RequestToken: gen.Token()}
+				items = items[:0]
 				for i := lo; i < hi; i++ {
 					ids[i] = gen.Fresh(nil)
-					req.Items = append(req.Items, &dedupv1.MarkItem{Id: ids[i]})
+					items = append(items, client.Item{ID: ids[i]})
 				}
+				token := gen.Token()
 				var err error
 				for try := 0; try < 20; try++ { // same token: retries are safe
-					cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
-					_, err = cl.Mark(cctx, req)
-					ccancel()
+					_, err = nd.c.MarkAt(ctx, nd.addr, cfg.Namespace, items, ttl, token)
 					if err == nil || ctx.Err() != nil {
 						break
 					}
@@ -507,60 +506,40 @@ func preload(ctx context.Context, cfg Config, cs *conns, seed uint64) ([][]byte,
 	return ids, nil
 }
 
-// newDedupOp returns the op of one worker for cfg.Workload.
-func newDedupOp(cfg Config, cl dedupv1.DedupClient, gen *IDGen, hits [][]byte) Op {
-	ttl := cfg.TTL.Milliseconds()
-	timeout := cfg.Timeout
+// newDedupOp returns the op of one worker for cfg.Workload: one
+// single-attempt call (two for claim-commit) on nd per op.
+func newDedupOp(cfg Config, nd node, gen *IDGen, hits [][]byte) Op {
+	ttl := cfg.TTL.Truncate(time.Millisecond)
 	batch := make([][]byte, cfg.Batch)
 	isDup := make([]bool, cfg.Batch)
-	items := make([]*dedupv1.MarkItem, cfg.Batch)
-	for i := range items {
-		items[i] = &dedupv1.MarkItem{}
-	}
-	markReq := &dedupv1.MarkRequest{Namespace: cfg.Namespace, TtlMs: ttl}
-	checkReq := &dedupv1.CheckRequest{Namespace: cfg.Namespace, Consistency: cfg.consistency(), MaxStalenessMs: cfg.MaxStaleness.Milliseconds()}
+	items := make([]client.Item, cfg.Batch)
+	cons := cfg.clientConsistency()
 
 	mark := func(ctx context.Context, n int, t *Tally, dups []bool) (int, int, error) {
 		for i := 0; i < n; i++ {
-			items[i].Id = batch[i]
+			items[i].ID = batch[i]
 		}
-		markReq.Items = items[:n]
-		markReq.RequestToken = gen.Token()
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := cl.Mark(cctx, markReq)
-		cancel()
+		rs, err := nd.c.MarkAt(ctx, nd.addr, cfg.Namespace, items[:n], ttl, gen.Token())
 		if err != nil {
 			return 0, 0, err
 		}
-		rs := resp.GetResults()
-		if len(rs) != n {
-			return 0, 0, fmt.Errorf("mark: %d results for %d items", len(rs), n)
-		}
 		for i, r := range rs {
-			code := r.GetCode()
-			t.Add(code.String(), 1)
+			t.Add(codeName(r.Code), 1)
 			fresh := dups == nil || !dups[i]
-			if fresh && code != dedupv1.MarkResult_NEW {
+			if fresh && r.Code != client.CodeNew {
 				t.Unexpected(1)
 			}
 		}
 		return n, 1, nil
 	}
-	check := func(ctx context.Context, n int, t *Tally, want dedupv1.CheckResult_Code) (int, int, error) {
-		checkReq.Ids = batch[:n]
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := cl.Check(cctx, checkReq)
-		cancel()
+	check := func(ctx context.Context, n int, t *Tally, want client.Code) (int, int, error) {
+		rs, err := nd.c.CheckAt(ctx, nd.addr, cfg.Namespace, batch[:n], cons)
 		if err != nil {
 			return 0, 0, err
 		}
-		rs := resp.GetResults()
-		if len(rs) != n {
-			return 0, 0, fmt.Errorf("check: %d results for %d ids", len(rs), n)
-		}
 		for _, r := range rs {
-			t.Add(r.GetCode().String(), 1)
-			if r.GetCode() != want {
+			t.Add(codeName(r.Code), 1)
+			if r.Code != want {
 				t.Unexpected(1)
 			}
 		}
@@ -576,63 +555,50 @@ func newDedupOp(cfg Config, cl dedupv1.DedupClient, gen *IDGen, hits [][]byte) O
 	case CheckMiss:
 		return func(ctx context.Context, n int, t *Tally) (int, int, error) {
 			gen.FreshBatch(batch[:n])
-			return check(ctx, n, t, dedupv1.CheckResult_NOT_SEEN)
+			return check(ctx, n, t, client.CodeNotSeen)
 		}
 	case CheckHit:
 		return func(ctx context.Context, n int, t *Tally) (int, int, error) {
 			for i := 0; i < n; i++ {
 				batch[i] = hits[gen.Intn(len(hits))]
 			}
-			return check(ctx, n, t, dedupv1.CheckResult_SEEN)
+			return check(ctx, n, t, client.CodeSeen)
 		}
 	case ClaimCommit:
-		claimItems := make([]*dedupv1.ClaimItem, cfg.Batch)
-		for i := range claimItems {
-			claimItems[i] = &dedupv1.ClaimItem{}
-		}
-		claimReq := &dedupv1.ClaimRequest{Namespace: cfg.Namespace}
-		commitReq := &dedupv1.CommitRequest{Namespace: cfg.Namespace, TtlMs: ttl}
-		leases := make([]*dedupv1.LeaseItem, 0, cfg.Batch)
+		leases := make([]client.Lease, 0, cfg.Batch)
 		return func(ctx context.Context, n int, t *Tally) (int, int, error) {
 			gen.FreshBatch(batch[:n])
 			for i := 0; i < n; i++ {
-				claimItems[i].Id = batch[i]
+				items[i].ID = batch[i]
 			}
-			claimReq.Items = claimItems[:n]
-			claimReq.RequestToken = gen.Token()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			resp, err := cl.Claim(cctx, claimReq)
-			cancel()
+			rs, err := nd.c.ClaimAt(ctx, nd.addr, cfg.Namespace, items[:n], 0, gen.Token())
 			if err != nil {
 				return 0, 0, err
 			}
-			rs := resp.GetResults()
-			if len(rs) != n {
-				return 0, 1, fmt.Errorf("claim: %d results for %d items", len(rs), n)
-			}
 			leases = leases[:0]
 			for i, r := range rs {
-				t.Add("claim "+r.GetCode().String(), 1)
-				if r.GetCode() != dedupv1.ClaimResult_ACQUIRED {
+				t.Add("claim "+codeName(r.Code), 1)
+				if r.Code != client.CodeAcquired {
 					t.Unexpected(1)
 					continue
 				}
-				leases = append(leases, &dedupv1.LeaseItem{Id: batch[i], FencingToken: r.GetRecord().GetFencingToken()})
+				var fencing uint64
+				if r.Record != nil {
+					fencing = r.Record.FencingToken
+				}
+				leases = append(leases, client.Lease{ID: batch[i], FencingToken: fencing})
 			}
 			if len(leases) == 0 {
 				return 0, 1, nil
 			}
-			commitReq.Items = leases
-			cctx, cancel = context.WithTimeout(ctx, timeout)
-			cresp, err := cl.Commit(cctx, commitReq)
-			cancel()
+			crs, err := nd.c.CommitAt(ctx, nd.addr, cfg.Namespace, leases, ttl)
 			if err != nil {
 				return 0, 1, err
 			}
 			done := 0
-			for _, r := range cresp.GetResults() {
-				t.Add("commit "+r.GetCode().String(), 1)
-				if r.GetCode() == dedupv1.LeaseResult_OK {
+			for _, r := range crs {
+				t.Add("commit "+codeName(r.Code), 1)
+				if r.Code == client.CodeOK {
 					done++
 				} else {
 					t.Unexpected(1)

@@ -167,21 +167,6 @@ func WithPinnedNode() Option {
 	return func(o *options) { o.pinned = true }
 }
 
-// DialOptions returns the gRPC dial options a Client made with opts uses
-// for its connections (TLS or plaintext, the token, the reply size limit,
-// WithDialOptions), for code that must hold raw connections of its own,
-// such as the load generator's (bench).
-func DialOptions(opts ...Option) []grpc.DialOption {
-	o := defaultOptions()
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return append([]grpc.DialOption{
-		grpc.WithTransportCredentials(o.creds()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
-	}, o.dialOpts...)
-}
-
 // creds are the transport credentials of the options: TLS or plaintext.
 func (o *options) creds() credentials.TransportCredentials {
 	if o.tls != nil {

@@ -75,8 +75,7 @@ var errStreamUnsupported = errors.New("dedupnode: node does not serve Dedup.Stre
 // (Unimplemented) gets every later call as a unary RPC.
 //
 // A Client makes one Pipeline per node itself (WithTransport, and its
-// Batcher by default); create one directly only to drive a node without a
-// Client (benchmarks).
+// Batcher by default).
 type Pipeline struct {
 	uc     dedupv1.DedupClient // unary calls: fallback and Stream itself
 	target string
