@@ -53,9 +53,9 @@ func (c *Client) MarkAt(ctx context.Context, addr, namespace string, items []Ite
 	if err := sameLen("mark", len(items), len(rs)); err != nil {
 		return nil, err
 	}
-	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	out, recs := make([]Result, len(rs)), records(len(rs))
 	for i, r := range rs {
-		out[i] = Result{ID: items[i].ID, Code: markCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+		out[i] = Result{ID: items[i].ID, Code: markCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
 	}
 	return out, nil
 }
@@ -88,9 +88,9 @@ func (c *Client) CheckAt(ctx context.Context, addr, namespace string, ids [][]by
 	if err := sameLen("check", len(ids), len(rs)); err != nil {
 		return nil, err
 	}
-	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	out, recs := make([]Result, len(rs)), records(len(rs))
 	for i, r := range rs {
-		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
 	}
 	return out, nil
 }
@@ -120,9 +120,9 @@ func (c *Client) ClaimAt(ctx context.Context, addr, namespace string, items []It
 	if err := sameLen("claim", len(items), len(rs)); err != nil {
 		return nil, err
 	}
-	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	out, recs := make([]Result, len(rs)), records(len(rs))
 	for i, r := range rs {
-		out[i] = Result{ID: items[i].ID, Code: claimCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+		out[i] = Result{ID: items[i].ID, Code: claimCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
 	}
 	return out, nil
 }
@@ -152,9 +152,9 @@ func (c *Client) CommitAt(ctx context.Context, addr, namespace string, leases []
 	if err := sameLen("commit", len(leases), len(rs)); err != nil {
 		return nil, err
 	}
-	out, recs := make([]Result, len(rs)), make([]Record, len(rs))
+	out, recs := make([]Result, len(rs)), records(len(rs))
 	for i, r := range rs {
-		out[i] = Result{ID: leases[i].ID, Code: leaseCode(r.GetCode()), Record: recordInto(&recs[i], r.GetRecord())}
+		out[i] = Result{ID: leases[i].ID, Code: leaseCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
 	}
 	return out, nil
 }
@@ -165,13 +165,17 @@ func (c *Client) once(ctx context.Context, op, addr string, fn func(ctx context.
 	c.mu.Lock()
 	cc, err := c.connLocked(addr)
 	l := c.linkLocked(addr)
+	var d dedupv1.DedupClient
+	if err == nil {
+		d = c.dedupLocked(ctx, cc)
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	before := l.state()
 	actx, cancel := c.attemptCtx(ctx)
-	err = fn(actx, c.dedup(ctx, cc))
+	err = fn(actx, d)
 	cancel()
 	if err == nil {
 		return nil
@@ -183,13 +187,24 @@ func (c *Client) once(ctx context.Context, op, addr string, fn func(ctx context.
 	return c.finish(e, 1, maybeApplied && !readOps[op])
 }
 
-// recordInto is recordOf writing into dst (so that a batch's records take
-// one allocation); nil when r carries no record.
-func recordInto(dst *Record, r *dedupv1.Record) *Record {
+// batchRecords holds the records of a batch's results, allocated at
+// once on the first one (a batch of not_seen answers carries none).
+type batchRecords struct {
+	n   int
+	all []Record
+}
+
+func records(n int) *batchRecords { return &batchRecords{n: n} }
+
+// of returns item i's record from r, nil when r carries none.
+func (b *batchRecords) of(i int, r *dedupv1.Record) *Record {
 	rec, ok := recordValue(r)
 	if !ok {
 		return nil
 	}
-	*dst = rec
-	return dst
+	if b.all == nil {
+		b.all = make([]Record, b.n)
+	}
+	b.all[i] = rec
+	return &b.all[i]
 }

@@ -471,15 +471,28 @@ func withTransport(ctx context.Context, t Transport) context.Context {
 // dedup returns the Dedup client for one attempt on cc: the generated
 // unary client, or the node's Pipeline.
 func (c *Client) dedup(ctx context.Context, cc *grpc.ClientConn) dedupv1.DedupClient {
-	t := c.opts.transport
-	if v, ok := ctx.Value(transportKey{}).(Transport); ok {
-		t = v
-	}
-	if t == TransportUnary {
+	if c.transport(ctx) == TransportUnary {
 		return dedupv1.NewDedupClient(cc)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.dedupLocked(ctx, cc)
+}
+
+// transport is the Transport of a call: the client's, or the one ctx
+// carries (withTransport).
+func (c *Client) transport(ctx context.Context) Transport {
+	if v, ok := ctx.Value(transportKey{}).(Transport); ok {
+		return v
+	}
+	return c.opts.transport
+}
+
+// dedupLocked is dedup with c.mu held.
+func (c *Client) dedupLocked(ctx context.Context, cc *grpc.ClientConn) dedupv1.DedupClient {
+	if c.transport(ctx) == TransportUnary {
+		return dedupv1.NewDedupClient(cc)
+	}
 	p := c.pipes[cc]
 	if p == nil {
 		if c.pipes == nil {
