@@ -109,3 +109,149 @@ func TestNoMatchingOnErrorText(t *testing.T) {
 		t.Errorf("%s: matches on an error's text; use a typed error (errors.Is/As, client.AsError, status details)", b)
 	}
 }
+
+// Import paths of the packages whose use marks code that speaks to a node
+// by itself.
+const (
+	grpcPath    = "google.golang.org/grpc"
+	dedupv1Path = "github.com/dedupnode/dedupnode/api/dedup/v1"
+)
+
+// nodeSpeakers are the directories whose code may speak to a node itself:
+// the client package (the only code that does so for the CLI and every
+// tool, as etcd's clientv3), the server (its node-to-node calls: forwarded
+// writes, read index) and the API package that defines the services.
+var nodeSpeakers = []string{"client", "server", "api"}
+
+// rawNodeCalls returns the positions in f where it builds a connection or
+// a service stub of its own: grpc.NewClient, grpc.Dial, grpc.DialContext,
+// or a dedupv1.New…Client constructor (called or taken as a value), under
+// whatever names f imports the two packages.
+func rawNodeCalls(f *ast.File) []token.Pos {
+	names := map[string]string{} // local name -> import path
+	for _, im := range f.Imports {
+		path := strings.Trim(im.Path.Value, `"`)
+		if path != grpcPath && path != dedupv1Path {
+			continue
+		}
+		name := filepath.Base(path)
+		if path == dedupv1Path {
+			name = "dedupv1" // the package's own name (package dedupv1)
+		}
+		if im.Name != nil {
+			name = im.Name.Name
+		}
+		if name != "_" && name != "." {
+			names[name] = path
+		}
+	}
+	var out []token.Pos
+	if len(names) == 0 {
+		return out
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		id, ok := sel.X.(*ast.Ident)
+		if !ok || id.Obj != nil { // id.Obj != nil: a local variable, not the package
+			return true
+		}
+		fn := sel.Sel.Name
+		switch names[id.Name] {
+		case grpcPath:
+			if fn == "NewClient" || fn == "Dial" || fn == "DialContext" {
+				out = append(out, sel.Pos())
+			}
+		case dedupv1Path:
+			if strings.HasPrefix(fn, "New") && strings.HasSuffix(fn, "Client") {
+				out = append(out, sel.Pos())
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// TestOnlyClientSpeaksToNodes: outside client/, server/ and api/, no
+// shipped code (tests and generated code aside) dials a node or builds a
+// raw service stub: the CLI and every tool go through package client
+// (issue 14), so that routing, retries, TLS, tokens and typed errors are
+// the same everywhere. A tool that needs something the client lacks adds
+// a small client API (as client.MarkAt for the bench).
+func TestOnlyClientSpeaksToNodes(t *testing.T) {
+	root := repoRoot(t)
+	fset := token.NewFileSet()
+	var bad []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			for _, s := range nodeSpeakers {
+				if filepath.ToSlash(rel) == s {
+					return filepath.SkipDir
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		for _, p := range rawNodeCalls(f) {
+			bad = append(bad, rel+":"+strings.TrimPrefix(fset.Position(p).String(), path+":"))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bad {
+		t.Errorf("%s: speaks to a node without package client (raw gRPC connection or dedupv1 stub); use client, adding a small API there if needed", b)
+	}
+}
+
+// The checker finds raw connections and stubs under any import name, and
+// leaves alone look-alikes that are not the two packages.
+func TestRawNodeCallsFindsEveryForm(t *testing.T) {
+	for _, tc := range []struct {
+		src  string
+		want int
+	}{
+		{`package p
+import "google.golang.org/grpc"
+func f() { grpc.NewClient("x"); grpc.Dial("x"); grpc.DialContext(nil, "x") }`, 3},
+		{`package p
+import dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+func f() { dedupv1.NewDedupClient(nil); dedupv1.NewAdminClient(nil); _ = dedupv1.NewOpsClient }`, 3},
+		{`package p
+import pb "github.com/dedupnode/dedupnode/api/dedup/v1"
+import g "google.golang.org/grpc"
+func f() { pb.NewDedupClient(nil); g.NewClient("x") }`, 2},
+		{`package p
+import "github.com/dedupnode/dedupnode/api/dedup/v1"
+func f() { dedupv1.NewDedupClient(nil) }`, 1},
+		{`package p
+import "github.com/dedupnode/dedupnode/client"
+import "google.golang.org/grpc"
+func f() { client.New(nil, nil); _ = grpc.WithBlock(); var grpc struct{ NewClient func() }; grpc.NewClient() }`, 0},
+	} {
+		f, err := parser.ParseFile(token.NewFileSet(), "p.go", tc.src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(rawNodeCalls(f)); got != tc.want {
+			t.Errorf("found %d raw calls, want %d in:\n%s", got, tc.want, tc.src)
+		}
+	}
+}
