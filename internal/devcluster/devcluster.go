@@ -5,16 +5,20 @@
 //
 // Nodes bootstrap from a static peer list; every address is bound before
 // any node starts, so the peer list is complete and no other process can
-// take a port meanwhile. Nodes can be killed abruptly and restarted on the
-// same addresses and data.
+// take a port meanwhile. Nodes can be stopped gracefully or killed
+// abruptly and restarted on the same addresses and data; more nodes can
+// join (as voters or read replicas); a cluster can start from a backup;
+// with RaftProxies, the Raft traffic to a node can be cut and healed.
 package devcluster
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -58,8 +62,22 @@ type Config struct {
 	// AutoCreateNamespaces creates namespaces on first use.
 	AutoCreateNamespaces bool
 	// Tune, if not nil, adjusts node i's config (peers already set) once,
-	// before its first start; restarts reuse the result.
+	// before its first start; restarts reuse the result. Nodes added later
+	// (Add) are tuned too.
 	Tune func(i int, cfg *server.Config)
+	// RaftProxies puts an in-process TCP proxy in front of every node's
+	// Raft listener, on a fresh loopback port that the node advertises
+	// (and the peer list names) instead: Cut(i) then stops the Raft
+	// traffic to node i (the leader cannot replicate to it) until Heal(i).
+	// Client and node-to-node gRPC go direct.
+	RaftProxies bool
+	// Backup, if not nil, is a backup (as Ops.Backup streams it) that the
+	// cluster starts from: node 1's empty data directory is seeded from it
+	// (cluster.SeedFromBackupStore, with LogStore) before its first start,
+	// and it starts alone, with neither Bootstrap nor Peers, as a restored
+	// node does. Requires Nodes 1; nodes added later (Add) join it and
+	// receive the state. Seeded returns what the seeding found.
+	Backup io.Reader
 }
 
 // NodeConfig is node id's config with dir as its data directory, serving
@@ -94,14 +112,20 @@ func setTimings(c *cluster.Config, election time.Duration) {
 
 // Cluster is a running in-process cluster. Safe for concurrent use.
 type Cluster struct {
+	cfg    Config // defaults applied; Backup consumed
+	addMu  sync.Mutex
+	seeded cluster.SeedResult
+
 	mu    sync.Mutex
 	nodes []*node
 }
 
 type node struct {
 	Node
-	cfg server.Config // addresses fixed; listeners not set
-	srv *server.Server
+	dir   string
+	cfg   server.Config // addresses fixed; listeners not set
+	proxy *raftProxy    // with RaftProxies: in front of Node.Raft
+	srv   *server.Server
 }
 
 // StartError is Start's error when nodes failed to start: Errs[i] is node
@@ -145,10 +169,15 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.Nodes <= 0 {
 		cfg.Nodes = 3
 	}
+	if cfg.Backup != nil && cfg.Nodes != 1 {
+		return nil, fmt.Errorf("devcluster: a cluster starts from a backup with 1 node, not %d (add more with Add)", cfg.Nodes)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{}
+	backup := cfg.Backup
+	cfg.Backup = nil
+	c := &Cluster{cfg: cfg}
 	lns := make([]net.Listener, 2*cfg.Nodes)
 	defer func() {
 		if err != nil {
@@ -157,6 +186,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 					l.Close()
 				}
 			}
+			c.closeProxies()
 		}
 	}()
 	errs := make([]error, cfg.Nodes)
@@ -172,13 +202,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		if errs[i] != nil {
 			continue
 		}
-		n.GRPC, n.Raft = lns[2*i].Addr().String(), lns[2*i+1].Addr().String()
-		nd := &node{Node: n, cfg: NodeConfig(n.ID, filepath.Join(cfg.Dir, n.ID), lns[2*i+1], lns[2*i], cfg.ElectionTimeout)}
-		nd.cfg.Listener, nd.cfg.Cluster.RaftListener = nil, nil
-		nd.cfg.Cluster.Logger = cfg.Logger.With("node", n.ID)
-		nd.cfg.Cluster.LogStore = cfg.LogStore
-		nd.cfg.AutoCreateNamespaces = cfg.AutoCreateNamespaces
-		peers = append(peers, cluster.Peer{ID: n.ID, RaftAddr: n.Raft, GRPCAddr: n.GRPC})
+		var nd *node
+		if nd, errs[i] = c.newNode(n, lns[2*i], lns[2*i+1]); errs[i] != nil {
+			continue
+		}
+		peers = append(peers, cluster.Peer{ID: nd.ID, RaftAddr: nd.advertised(), GRPCAddr: nd.GRPC})
 		c.nodes = append(c.nodes, nd)
 	}
 	if failedToBind(errs) {
@@ -186,6 +214,13 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	for i, nd := range c.nodes {
 		nd.cfg.Cluster.Peers = peers
+		if backup != nil {
+			// A restored node starts alone, its configuration in the seed.
+			nd.cfg.Cluster.Peers = nil
+			if c.seeded, err = cluster.SeedFromBackupStore(nd.dir, nd.ID, nd.advertised(), cfg.LogStore, backup, nd.cfg.Cluster.Logger, time.Now()); err != nil {
+				return nil, fmt.Errorf("devcluster: seed %s from the backup: %w", nd.ID, err)
+			}
+		}
 		if cfg.Tune != nil {
 			cfg.Tune(i, &nd.cfg)
 		}
@@ -213,10 +248,42 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	return c, nil
 }
 
+// newNode is node n's config, serving gRPC on grpcLn and Raft on raftLn
+// (both with their bound addresses in n), behind a Raft proxy with
+// RaftProxies. Peers, Join and Tune are the caller's.
+func (c *Cluster) newNode(n Node, grpcLn, raftLn net.Listener) (*node, error) {
+	n.GRPC, n.Raft = grpcLn.Addr().String(), raftLn.Addr().String()
+	nd := &node{Node: n, dir: filepath.Join(c.cfg.Dir, n.ID)}
+	nd.cfg = NodeConfig(n.ID, nd.dir, raftLn, grpcLn, c.cfg.ElectionTimeout)
+	nd.cfg.Listener, nd.cfg.Cluster.RaftListener = nil, nil
+	nd.cfg.Cluster.Logger = c.cfg.Logger.With("node", n.ID)
+	nd.cfg.Cluster.LogStore = c.cfg.LogStore
+	nd.cfg.AutoCreateNamespaces = c.cfg.AutoCreateNamespaces
+	if c.cfg.RaftProxies {
+		p, err := newRaftProxy(n.Raft)
+		if err != nil {
+			return nil, fmt.Errorf("raft proxy for %s: %w", n.ID, err)
+		}
+		nd.proxy = p
+		nd.cfg.Cluster.RaftAdvertise = p.addr()
+	}
+	return nd, nil
+}
+
+// advertised is the Raft address other nodes dial: the proxy's, if any.
+func (nd *node) advertised() string {
+	if nd.proxy != nil {
+		return nd.proxy.addr()
+	}
+	return nd.Raft
+}
+
 func failedToBind(errs []error) bool { return errors.Join(errs...) != nil }
 
 // Addrs returns the nodes' gRPC addresses, node order.
 func (c *Cluster) Addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := make([]string, len(c.nodes))
 	for i, nd := range c.nodes {
 		out[i] = nd.GRPC
@@ -226,6 +293,8 @@ func (c *Cluster) Addrs() []string {
 
 // Nodes returns the nodes' IDs and addresses, node order.
 func (c *Cluster) Nodes() []Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := make([]Node, len(c.nodes))
 	for i, nd := range c.nodes {
 		out[i] = nd.Node
@@ -233,11 +302,28 @@ func (c *Cluster) Nodes() []Node {
 	return out
 }
 
-// Size returns the number of nodes.
-func (c *Cluster) Size() int { return len(c.nodes) }
+// Size returns the number of nodes (stopped ones included).
+func (c *Cluster) Size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.nodes)
+}
 
 // NodeID returns node i's ID ("n1", ...).
-func (c *Cluster) NodeID(i int) string { return c.nodes[i].ID }
+func (c *Cluster) NodeID(i int) string { return c.node(i).ID }
+
+// DataDir returns node i's data directory.
+func (c *Cluster) DataDir(i int) string { return c.node(i).dir }
+
+// Seeded returns what seeding node 1 from Config.Backup found (zero
+// without a Backup).
+func (c *Cluster) Seeded() cluster.SeedResult { return c.seeded }
+
+func (c *Cluster) node(i int) *node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
 
 // Server returns node i's server, nil while it is down.
 func (c *Cluster) Server(i int) *server.Server {
@@ -275,7 +361,7 @@ func (c *Cluster) WaitLeader(ctx context.Context) (int, error) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if i := c.Leader(); i >= 0 && c.allKnow(c.nodes[i].ID) {
+		if i := c.Leader(); i >= 0 && c.allKnow(c.NodeID(i)) {
 			return i, nil
 		}
 		select {
@@ -298,6 +384,24 @@ func (c *Cluster) allKnow(leader string) bool {
 		}
 	}
 	return true
+}
+
+// Stop stops node i gracefully (Server.Close bounded by ctx: in-flight
+// calls drain, a leader hands off leadership first). No-op when the node
+// is down.
+func (c *Cluster) Stop(ctx context.Context, i int) error {
+	c.mu.Lock()
+	nd := c.nodes[i]
+	srv := nd.srv
+	nd.srv = nil
+	c.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	if err := srv.Close(ctx); err != nil {
+		return fmt.Errorf("stop %s: %w", nd.ID, err)
+	}
+	return nil
 }
 
 // Kill stops node i abruptly: Raft stops at once (no leadership transfer;
@@ -378,8 +482,135 @@ func (c *Cluster) tryStart(ctx context.Context, nd *node) (*server.Server, error
 	return server.Start(ctx, cfg)
 }
 
+// Cut stops the Raft traffic to node i (Config.RaftProxies): its proxy
+// drops every connection and refuses new ones until Heal(i), so no node
+// can send it a Raft RPC (the leader cannot replicate to it); node i's own
+// RPCs to the others still get through. Client and node-to-node gRPC go
+// direct and are not cut.
+func (c *Cluster) Cut(i int) error {
+	nd := c.node(i)
+	if nd.proxy == nil {
+		return fmt.Errorf("cut %s: the cluster runs without RaftProxies", nd.ID)
+	}
+	nd.proxy.pause()
+	return nil
+}
+
+// Heal lets the Raft traffic to node i through again after Cut.
+func (c *Cluster) Heal(i int) error {
+	nd := c.node(i)
+	if nd.proxy == nil {
+		return fmt.Errorf("heal %s: the cluster runs without RaftProxies", nd.ID)
+	}
+	nd.proxy.resume()
+	return nil
+}
+
+// AddConfig configures a node that Add starts.
+type AddConfig struct {
+	// ID is the node's ID (default n<k>, k its position); it must be new.
+	ID string
+	// Join lists the gRPC addresses the node joins through (Admin.Join, in
+	// turn, until one succeeds or Add's ctx ends); nil: every running
+	// node's.
+	Join []string
+	// NoJoin starts the node without joining: it holds no Raft state and
+	// waits until a member adds it (Admin.Join naming its addresses).
+	// Until then WaitLeader waits in vain.
+	NoJoin bool
+	// ReadReplica joins the node as a read replica (server.Config).
+	ReadReplica bool
+	// Tune, if not nil, adjusts the node's config after Config.Tune, once;
+	// restarts reuse the result.
+	Tune func(cfg *server.Config)
+}
+
+// Add starts one more node, on fresh loopback ports and in Dir/<its ID>,
+// that joins the running cluster (see AddConfig), and returns its index
+// once server.Start has returned (for a joiner: once a member accepted
+// it). On error nothing is added and the node's data directory is
+// removed.
+func (c *Cluster) Add(ctx context.Context, ac AddConfig) (_ int, err error) {
+	c.addMu.Lock()
+	defer c.addMu.Unlock()
+	c.mu.Lock()
+	i := len(c.nodes)
+	if ac.ID == "" {
+		ac.ID = fmt.Sprintf("n%d", i+1)
+	}
+	join := ac.Join
+	for _, nd := range c.nodes {
+		if nd.ID == ac.ID {
+			c.mu.Unlock()
+			return -1, fmt.Errorf("add %s: the ID is taken", ac.ID)
+		}
+		if ac.Join == nil && nd.srv != nil {
+			join = append(join, nd.GRPC)
+		}
+	}
+	c.mu.Unlock()
+	if ac.NoJoin {
+		join = nil
+	} else if len(join) == 0 {
+		return -1, fmt.Errorf("add %s: no running node to join", ac.ID)
+	}
+	var g, r net.Listener
+	var nd *node
+	defer func() {
+		if err != nil {
+			for _, l := range []net.Listener{g, r} {
+				if l != nil {
+					l.Close() // already closed if the server took it
+				}
+			}
+			if nd != nil {
+				if nd.proxy != nil {
+					nd.proxy.close()
+				}
+				os.RemoveAll(nd.dir)
+			}
+			err = fmt.Errorf("add %s: %w", ac.ID, err)
+		}
+	}()
+	if g, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return -1, err
+	}
+	if r, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return -1, err
+	}
+	if nd, err = c.newNode(Node{ID: ac.ID}, g, r); err != nil {
+		return -1, err
+	}
+	nd.cfg.Join, nd.cfg.ReadReplica = join, ac.ReadReplica
+	if c.cfg.Tune != nil {
+		c.cfg.Tune(i, &nd.cfg)
+	}
+	if ac.Tune != nil {
+		ac.Tune(&nd.cfg)
+	}
+	cfg := nd.cfg
+	cfg.Listener, cfg.Cluster.RaftListener = g, r
+	if nd.srv, err = server.Start(ctx, cfg); err != nil {
+		return -1, err
+	}
+	c.mu.Lock()
+	c.nodes = append(c.nodes, nd)
+	c.mu.Unlock()
+	return i, nil
+}
+
+func (c *Cluster) closeProxies() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, nd := range c.nodes {
+		if nd.proxy != nil {
+			nd.proxy.close()
+		}
+	}
+}
+
 // Close stops every running node gracefully, all at once (bounded by ctx),
-// and returns their errors.
+// closes the Raft proxies, and returns the nodes' errors.
 func (c *Cluster) Close(ctx context.Context) error {
 	c.mu.Lock()
 	var srvs []*server.Server
@@ -400,5 +631,6 @@ func (c *Cluster) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	c.closeProxies()
 	return errors.Join(errs...)
 }
