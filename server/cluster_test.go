@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -239,7 +239,7 @@ func TestInvariant3_LinearizableCheck_LaggingFollower(t *testing.T) {
 	tc := startCluster(t, clusterOpts{n: 3, proxied: true})
 	ctx := rpcCtx(t)
 	lagging := tc.followers()[0]
-	lagging.proxy.Pause()
+	tc.cut(lagging)
 
 	batch := ids("lin", 50)
 	resp, err := markRetrying(ctx, tc.leader().dedup, &dedupv1.MarkRequest{Items: markItems(batch), RequestToken: []byte("l")})
@@ -272,7 +272,7 @@ func TestInvariant3_LinearizableCheck_LaggingFollower(t *testing.T) {
 		}
 	}
 
-	lagging.proxy.Resume()
+	tc.heal(lagging)
 	waitFor(t, 60*time.Second, "linearizable check SEEN via the caught-up follower", func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
@@ -297,7 +297,7 @@ func TestFollowerCatchesUpBySnapshot(t *testing.T) {
 	ctx := rpcCtx(t)
 	leader := tc.leader()
 	lagging := tc.followers()[0]
-	lagging.proxy.Pause()
+	tc.cut(lagging)
 	lagLast := lagging.srv.Node().Raft().LastIndex()
 
 	var all [][]byte
@@ -315,7 +315,7 @@ func TestFollowerCatchesUpBySnapshot(t *testing.T) {
 		return err == nil && st.FirstLogIndex > lagLast+1 && st.LastSnapshotIndex > lagLast
 	})
 	leaderApplied := leader.srv.Node().FSM().AppliedIndex()
-	lagging.proxy.Resume()
+	tc.heal(lagging)
 	waitFor(t, 60*time.Second, "the lagging follower to catch up", func() bool {
 		return lagging.srv.Node().FSM().AppliedIndex() >= leaderApplied
 	})

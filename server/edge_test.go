@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"bytes"
@@ -18,7 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
-	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
+	"github.com/dedupnode/dedupnode/server"
 )
 
 // TestInvariant9_BadInput_InvalidArgumentNothingWritten sends invalid
@@ -281,40 +282,15 @@ func TestHealthAndReflection(t *testing.T) {
 // Bootstrap, joins two more through it and a fourth through a follower
 // (the Join is forwarded), and waits until all four are voters.
 func TestJoin_BootstrapThenJoin_PromotedToVoter(t *testing.T) {
-	log := newTestLogger(t)
-	root := t.TempDir()
-	var servers []*Server
-	t.Cleanup(func() {
-		for i := len(servers) - 1; i >= 0; i-- {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			if err := servers[i].Close(ctx); err != nil {
-				t.Errorf("close: %v", err)
-			}
-			cancel()
+	tc := startCluster(t, clusterOpts{n: 1, dcTune: func(i int, c *server.Config) {
+		if i == 0 { // j1 bootstraps alone instead of from the peer list
+			c.Cluster.Peers, c.Cluster.Bootstrap = nil, true
 		}
-	})
-	start := func(id string, bootstrap bool, join ...string) *Server {
-		cfg := Config{
-			Cluster: cluster.Config{
-				NodeID: id, DataDir: root + "/" + id, RaftAddr: "127.0.0.1:0", Bootstrap: bootstrap, Logger: log,
-			},
-			ListenAddr: "127.0.0.1:0",
-			Join:       join,
-		}
-		fastRaft(&cfg.Cluster)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		s, err := Start(ctx, cfg)
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-		servers = append(servers, s)
-		return s
-	}
-	s1 := start("j1", true)
+	}, nodeIDs: []string{"j1"}})
+	s1 := tc.nodes[0].srv
 	waitFor(t, 20*time.Second, "j1 leader", func() bool { return s1.Node().Healthy() && s1.Node().IsLeader() })
-	start("j2", false, s1.GRPCAddr())
-	s3 := start("j3", false, "127.0.0.1:1", s1.GRPCAddr()) // a dead address first: the joiner moves on
+	tc.add(devcluster.AddConfig{ID: "j2", Join: []string{s1.GRPCAddr()}})
+	s3 := tc.add(devcluster.AddConfig{ID: "j3", Join: []string{"127.0.0.1:1", s1.GRPCAddr()}}).srv // a dead address first: the joiner moves on
 	voters := func(want int) func() bool {
 		return func() bool {
 			st, err := s1.Node().Status()
@@ -331,7 +307,7 @@ func TestJoin_BootstrapThenJoin_PromotedToVoter(t *testing.T) {
 		}
 	}
 	waitFor(t, 30*time.Second, "3 voters", voters(3))
-	s4 := start("j4", false, s3.GRPCAddr()) // through a follower
+	s4 := tc.add(devcluster.AddConfig{ID: "j4", Join: []string{s3.GRPCAddr()}}).srv // through a follower
 	waitFor(t, 30*time.Second, "4 voters", voters(4))
 
 	cc, err := grpc.NewClient(s4.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -384,7 +360,7 @@ func TestServerAndDialOptionsApplied(t *testing.T) {
 		v, _ := m.LoadOrStore(key, new(atomic.Int64))
 		return v.(*atomic.Int64)
 	}
-	tc := startCluster(t, clusterOpts{n: 3, serverTune: func(c *Config) {
+	tc := startCluster(t, clusterOpts{n: 3, serverTune: func(c *server.Config) {
 		addr := c.Cluster.GRPCAddr
 		c.ServerOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if info.FullMethod == "/dedup.v1.Dedup/Mark" {

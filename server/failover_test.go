@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"fmt"
@@ -105,7 +105,7 @@ func TestInvariant2_NoLostMarks_RestartAll(t *testing.T) {
 	}
 	tc.closeAll()
 	for _, nd := range tc.nodes {
-		tc.start(nd, nil, nil)
+		tc.start(nd)
 		if got := nd.srv.Node().FSM().AppliedIndex(); got < applied[nd.id] {
 			t.Fatalf("%s restarted at applied index %d, below %d", nd.id, got, applied[nd.id])
 		}

@@ -3,13 +3,12 @@ package server_test
 import (
 	"bytes"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
@@ -46,19 +45,15 @@ func TestFencingTokensAfterRestoreExceedSource(t *testing.T) {
 		t.Fatalf("source tokens: %d before the backup (index %d), %d after", before, index, srcMax)
 	}
 
-	dirB := filepath.Join(t.TempDir(), "r1")
-	cfgB := plainConfig(t, "r1", dirB)
-	seeded, err := cluster.SeedFromBackup(dirB, "r1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tb := startCluster(t, clusterOpts{n: 1, nodeIDs: []string{"r1"}, backup: data})
+	seeded := tb.c.Seeded()
 	if seeded.FenceEpoch != fsm.FenceEpochOf(before)+1 {
 		t.Fatalf("seeded fence epoch %d, want one past the backup's %d", seeded.FenceEpoch, fsm.FenceEpochOf(before))
 	}
 	if seeded.Records.Leased != 1 || seeded.Records.Committed != 0 {
 		t.Fatalf("seeded record counts %+v, want the one lease", seeded.Records)
 	}
-	b := startNode(t, cfgB)
+	b := tb.nodes[0].srv
 	waitHealthy(t, b)
 	dst := testcluster.Client(t, []string{b.GRPCAddr()})
 	got := claim(dst, "after-restore")
@@ -78,9 +73,7 @@ func TestFencingTokensAfterRestoreExceedSource(t *testing.T) {
 	}
 
 	// A node joining the restored cluster gets the epoch with the state.
-	cfgC := plainConfig(t, "r2", filepath.Join(t.TempDir(), "r2"))
-	cfgC.Join = []string{b.GRPCAddr()}
-	c := startNode(t, cfgC)
+	c := tb.add(devcluster.AddConfig{ID: "r2", Join: []string{b.GRPCAddr()}}).srv
 	waitHealthy(t, c)
 	testcluster.WaitFor(t, 60*time.Second, "the joined node to apply the leader's index", func() bool {
 		return c.Node().FSM().AppliedIndex() >= b.Node().FSM().AppliedIndex()

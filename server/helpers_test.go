@@ -1,14 +1,11 @@
-package server
+package server_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +18,9 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
+	"github.com/dedupnode/dedupnode/server"
 )
 
 // testLog collects every node's logs and prints them only when the test
@@ -56,234 +56,129 @@ func newTestLogger(t testing.TB) *slog.Logger {
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testcluster.WaitFor(t, timeout, what, cond)
 }
 
-// pauseProxy forwards TCP to target; Pause drops every connection and
-// refuses new ones until Resume. Tests put it in front of a node's Raft
-// address to cut the leader's replication to that node.
-type pauseProxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	paused bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newPauseProxy(t testing.TB, target string) *pauseProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pauseProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *pauseProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *pauseProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.paused {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-		p.mu.Unlock()
-	}
-}
-
-func (p *pauseProxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-func (p *pauseProxy) Pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.paused = true
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-func (p *pauseProxy) Resume() {
-	p.mu.Lock()
-	p.paused = false
-	p.mu.Unlock()
-}
-
-func (p *pauseProxy) close() {
-	p.ln.Close()
-	p.Pause()
-	p.wg.Wait()
-}
-
-// testNode is one in-process node with a client connection to it.
+// testNode is one node of a testCluster with a client connection to its
+// current server (redialled when it restarts).
 type testNode struct {
+	i      int // index in the devcluster
 	id     string
-	cfg    Config
-	srv    *Server
-	proxy  *pauseProxy // in front of the raft address, when proxied
+	srv    *server.Server
 	cc     *grpc.ClientConn
 	dedup  dedupv1.DedupClient
 	admin  dedupv1.AdminClient
 	closed bool
 }
 
+// testCluster is a devcluster (testcluster.New) seen node by node, with
+// a gRPC connection to each running node.
 type testCluster struct {
 	t     testing.TB
-	opts  clusterOpts
-	log   *slog.Logger
+	c     *devcluster.Cluster
 	nodes []*testNode
 }
 
 type clusterOpts struct {
 	n          int
-	proxied    bool
+	proxied    bool // devcluster.Config.RaftProxies: tc.cut, tc.heal
 	autoCreate bool
 	maxBatch   int
 	tune       func(*cluster.Config)
-	serverTune func(*Config)
+	serverTune func(*server.Config)
+	dcTune     func(i int, c *server.Config) // any other devcluster Tune
+	backup     []byte                        // devcluster.Config.Backup
+	nodeIDs    []string                      // default n1..nN
 }
 
-// fastRaft are timeouts that elect quickly yet stay stable on two loaded
-// cores under -race.
-func fastRaft(c *cluster.Config) {
-	c.HeartbeatTimeout = 500 * time.Millisecond
-	c.ElectionTimeout = 500 * time.Millisecond
-	c.LeaderLeaseTimeout = 250 * time.Millisecond
-	c.TickInterval = 200 * time.Millisecond
-	c.PromoteAfter = 500 * time.Millisecond
-}
-
-func listen(t testing.TB) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
-}
-
-// startCluster starts opts.n nodes bootstrapped from a static peer list
-// (every address is bound first, so there is no port race), waits for a
-// ready leader and every node healthy, and closes everything at cleanup.
+// startCluster starts opts.n nodes (devcluster: a static peer list, every
+// address bound first, Raft timings of testcluster.Election), waits until
+// a ready leader is known to every node, and closes everything at cleanup.
 func startCluster(t testing.TB, opts clusterOpts) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, opts: opts, log: newTestLogger(t)}
-	root := t.TempDir()
-	var peers []cluster.Peer
-	raftLns := make([]net.Listener, opts.n)
-	grpcLns := make([]net.Listener, opts.n)
-	for i := range opts.n {
-		id := fmt.Sprintf("n%d", i+1)
-		raftLns[i], grpcLns[i] = listen(t), listen(t)
-		nd := &testNode{id: id}
-		advertise := raftLns[i].Addr().String()
-		if opts.proxied {
-			nd.proxy = newPauseProxy(t, advertise)
-			advertise = nd.proxy.Addr()
-		}
-		nd.cfg = Config{
-			Cluster: cluster.Config{
-				NodeID:        id,
-				DataDir:       filepath.Join(root, id),
-				RaftAdvertise: advertise,
-				RaftAddr:      raftLns[i].Addr().String(),
-				GRPCAddr:      grpcLns[i].Addr().String(),
-			},
-			ListenAddr:           grpcLns[i].Addr().String(),
-			AutoCreateNamespaces: opts.autoCreate,
-			MaxBatch:             opts.maxBatch,
-		}
-		peers = append(peers, cluster.Peer{ID: id, RaftAddr: advertise, GRPCAddr: grpcLns[i].Addr().String()})
-		tc.nodes = append(tc.nodes, nd)
+	cfg := devcluster.Config{
+		Nodes:                opts.n,
+		Logger:               newTestLogger(t),
+		AutoCreateNamespaces: opts.autoCreate,
+		RaftProxies:          opts.proxied,
+		Tune: func(i int, c *server.Config) {
+			c.MaxBatch = opts.maxBatch
+			if opts.tune != nil {
+				opts.tune(&c.Cluster)
+			}
+			if opts.serverTune != nil {
+				opts.serverTune(c)
+			}
+			if opts.dcTune != nil {
+				opts.dcTune(i, c)
+			}
+		},
 	}
-	t.Cleanup(tc.closeAll)
-	for i, nd := range tc.nodes {
-		nd.cfg.Cluster.Peers = peers
-		tc.start(nd, raftLns[i], grpcLns[i])
+	for _, id := range opts.nodeIDs {
+		cfg.Addrs = append(cfg.Addrs, devcluster.Node{ID: id, GRPC: "127.0.0.1:0", Raft: "127.0.0.1:0"})
 	}
-	tc.waitStable()
+	if opts.backup != nil {
+		cfg.Backup = bytes.NewReader(opts.backup)
+	}
+	tc := &testCluster{t: t, c: testcluster.New(t, cfg)}
+	for i := range tc.c.Size() {
+		tc.nodes = append(tc.nodes, tc.wrap(i))
+	}
+	t.Cleanup(func() {
+		for _, nd := range tc.nodes {
+			if nd.cc != nil {
+				nd.cc.Close()
+			}
+		}
+	})
 	return tc
 }
 
-// start starts nd (listeners nil: bind its configured addresses again).
-func (tc *testCluster) start(nd *testNode, raftLn, grpcLn net.Listener) {
-	t := tc.t
-	t.Helper()
-	cfg := nd.cfg
-	cfg.Cluster.Logger = tc.log
-	fastRaft(&cfg.Cluster)
-	if tc.opts.tune != nil {
-		tc.opts.tune(&cfg.Cluster)
-	}
-	if tc.opts.serverTune != nil {
-		tc.opts.serverTune(&cfg)
-	}
-	cfg.Cluster.RaftListener = raftLn
-	cfg.Listener = grpcLn
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	srv, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("start %s: %v", nd.id, err)
-	}
-	nd.srv, nd.closed = srv, false
-	nd.cc, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nd.dedup = dedupv1.NewDedupClient(nd.cc)
-	nd.admin = dedupv1.NewAdminClient(nd.cc)
+// wrap is node i of the devcluster, with a connection to it.
+func (tc *testCluster) wrap(i int) *testNode {
+	nd := &testNode{i: i, id: tc.c.NodeID(i)}
+	tc.dial(nd)
+	return nd
 }
 
+func (tc *testCluster) dial(nd *testNode) {
+	tc.t.Helper()
+	nd.srv, nd.closed = tc.c.Server(nd.i), false
+	cc, err := grpc.NewClient(nd.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	nd.cc, nd.dedup, nd.admin = cc, dedupv1.NewDedupClient(cc), dedupv1.NewAdminClient(cc)
+}
+
+// start restarts the stopped node nd on its addresses and data
+// (devcluster.Restart) and connects to it again.
+func (tc *testCluster) start(nd *testNode) {
+	t := tc.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := tc.c.Restart(ctx, nd.i); err != nil {
+		t.Fatal(err)
+	}
+	tc.dial(nd)
+}
+
+// close stops nd gracefully (devcluster.Stop).
 func (tc *testCluster) close(nd *testNode) {
-	if nd.closed || nd.srv == nil {
+	if nd.closed {
 		return
 	}
 	nd.closed = true
 	nd.cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := nd.srv.Close(ctx); err != nil {
+	if err := tc.c.Stop(ctx, nd.i); err != nil {
 		tc.t.Errorf("close %s: %v", nd.id, err)
 	}
 }
 
+// closeAll stops every node gracefully, all at once.
 func (tc *testCluster) closeAll() {
 	var wg sync.WaitGroup
 	for _, nd := range tc.nodes {
@@ -294,6 +189,35 @@ func (tc *testCluster) closeAll() {
 		}()
 	}
 	wg.Wait()
+}
+
+// cut stops the Raft traffic to nd until heal (devcluster.Cut).
+func (tc *testCluster) cut(nd *testNode) {
+	tc.t.Helper()
+	if err := tc.c.Cut(nd.i); err != nil {
+		tc.t.Fatal(err)
+	}
+}
+
+func (tc *testCluster) heal(nd *testNode) {
+	tc.t.Helper()
+	if err := tc.c.Heal(nd.i); err != nil {
+		tc.t.Fatal(err)
+	}
+}
+
+// add starts one more node (devcluster.Add) and connects to it.
+func (tc *testCluster) add(ac devcluster.AddConfig) *testNode {
+	tc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	i, err := tc.c.Add(ctx, ac)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	nd := tc.wrap(i)
+	tc.nodes = append(tc.nodes, nd)
+	return nd
 }
 
 func (tc *testCluster) live() []*testNode {
@@ -307,28 +231,16 @@ func (tc *testCluster) live() []*testNode {
 }
 
 // waitStable waits until one live node is a ready leader and every live
-// node is healthy and knows that leader.
+// node is healthy and knows that leader (devcluster.WaitLeader).
 func (tc *testCluster) waitStable() *testNode {
 	tc.t.Helper()
-	var leader *testNode
-	waitFor(tc.t, 60*time.Second, "a ready leader known to every live node", func() bool {
-		leader = nil
-		for _, nd := range tc.live() {
-			if nd.srv.Node().IsLeader() && nd.srv.Node().Healthy() {
-				leader = nd
-			}
-		}
-		if leader == nil {
-			return false
-		}
-		for _, nd := range tc.live() {
-			if id, _, _ := nd.srv.Node().Leader(); id != leader.id || !nd.srv.Node().Healthy() {
-				return false
-			}
-		}
-		return true
-	})
-	return leader
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	i, err := tc.c.WaitLeader(ctx)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	return tc.nodes[i]
 }
 
 func (tc *testCluster) leader() *testNode {

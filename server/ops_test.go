@@ -20,15 +20,9 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/internal/testcluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/server"
 )
-
-// plainConfig is a node on loopback without TLS, with fast Raft timeouts.
-func plainConfig(t *testing.T, id, dataDir string) server.Config {
-	t.Helper()
-	return testcluster.Config(t, id, dataDir)
-}
 
 func dialPlain(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -42,7 +36,7 @@ func dialPlain(t *testing.T, addr string) *grpc.ClientConn {
 
 func waitHealthy(t *testing.T, srvs ...*server.Server) {
 	t.Helper()
-	waitUntil(t, 60*time.Second, "nodes healthy", func() bool {
+	waitFor(t, 60*time.Second, "nodes healthy", func() bool {
 		for _, s := range srvs {
 			if !s.Node().Healthy() {
 				return false
@@ -121,9 +115,7 @@ func backup(t *testing.T, ctx context.Context, cc *grpc.ClientConn) ([]byte, uin
 // restart, and brings a joining node up to date.
 func TestBackupRestoreSeedsNewCluster(t *testing.T) {
 	ctx := callCtx(t)
-	cfgA := plainConfig(t, "a1", filepath.Join(t.TempDir(), "a1"))
-	cfgA.Cluster.Bootstrap = true
-	a := startNode(t, cfgA)
+	a := startCluster(t, clusterOpts{n: 1, nodeIDs: []string{"a1"}}).nodes[0].srv
 	waitHealthy(t, a)
 	ccA := dialPlain(t, a.GRPCAddr())
 	dA := dedupv1.NewDedupClient(ccA)
@@ -151,19 +143,16 @@ func TestBackupRestoreSeedsNewCluster(t *testing.T) {
 		t.Fatal("a corrupted backup was accepted")
 	}
 
-	dirB := filepath.Join(t.TempDir(), "b1")
-	cfgB := plainConfig(t, "b1", dirB)
-	seeded, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seeded.Index != index {
+	// A new cluster seeded from the backup (devcluster.Config.Backup:
+	// cluster.SeedFromBackup into b1's empty data dir, then b1 starts alone).
+	tb := startCluster(t, clusterOpts{n: 1, nodeIDs: []string{"b1"}, backup: data})
+	b := tb.nodes[0].srv
+	if seeded := tb.c.Seeded(); seeded.Index != index {
 		t.Fatalf("seeded at index %d, backup at %d", seeded.Index, index)
 	}
-	if _, err := cluster.SeedFromBackup(dirB, "b1", cfgB.Cluster.RaftAddr, bytes.NewReader(data), nil); err == nil {
+	if _, err := cluster.SeedFromBackup(tb.c.DataDir(0), "b1", b.RaftAddr(), bytes.NewReader(data), nil); err == nil {
 		t.Fatal("seeding a data dir that has state succeeded")
 	}
-	b := startNode(t, cfgB)
 	waitHealthy(t, b)
 	ccB := dialPlain(t, b.GRPCAddr())
 	dB := dedupv1.NewDedupClient(ccB)
@@ -207,23 +196,19 @@ func TestBackupRestoreSeedsNewCluster(t *testing.T) {
 		t.Fatalf("applied index %d not past the backup's %d", b.Node().FSM().AppliedIndex(), index)
 	}
 
-	// The restored node restarts from its own state.
-	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer ccancel()
-	if err := b.Close(cctx); err != nil {
-		t.Fatal(err)
+	// The restored node restarts from its own state (same addresses and
+	// data dir).
+	tb.close(tb.nodes[0])
+	if t.Failed() {
+		return
 	}
-	cfgB2 := cfgB
-	cfgB2.Cluster.RaftListener, cfgB2.Listener = nil, nil
-	cfgB2.Cluster.RaftAddr, cfgB2.ListenAddr = cfgB.Cluster.RaftAddr, cfgB.Cluster.GRPCAddr
-	b = startNode(t, cfgB2)
+	tb.start(tb.nodes[0])
+	b = tb.nodes[0].srv
 	waitHealthy(t, b)
 	compare("restored node after a restart", dedupv1.NewDedupClient(dialPlain(t, b.GRPCAddr())))
 
 	// A node joining the restored cluster catches up (by snapshot).
-	cfgC := plainConfig(t, "c1", filepath.Join(t.TempDir(), "c1"))
-	cfgC.Join = []string{b.GRPCAddr()}
-	c := startNode(t, cfgC)
+	c := tb.add(devcluster.AddConfig{ID: "c1", Join: []string{b.GRPCAddr()}}).srv
 	waitHealthy(t, c)
 	compare("node joined to the restored one", dedupv1.NewDedupClient(dialPlain(t, c.GRPCAddr())))
 }
@@ -232,9 +217,7 @@ func TestBackupRestoreSeedsNewCluster(t *testing.T) {
 // namespace once, and nothing forgotten or of another namespace.
 func TestExportStreamsLiveRecords(t *testing.T) {
 	ctx := callCtx(t)
-	cfg := plainConfig(t, "e1", filepath.Join(t.TempDir(), "e1"))
-	cfg.Cluster.Bootstrap = true
-	srv := startNode(t, cfg)
+	srv := startCluster(t, clusterOpts{n: 1, nodeIDs: []string{"e1"}}).nodes[0].srv
 	waitHealthy(t, srv)
 	cc := dialPlain(t, srv.GRPCAddr())
 	d := dedupv1.NewDedupClient(cc)
@@ -312,14 +295,14 @@ func recvAll(st grpc.ServerStreamingClient[dedupv1.ExportChunk], err error) (int
 // through any node.
 func TestPromoteNonVoter(t *testing.T) {
 	ctx := callCtx(t)
-	cfgA := plainConfig(t, "p1", filepath.Join(t.TempDir(), "p1"))
-	cfgA.Cluster.Bootstrap = true
-	cfgA.Cluster.PromoteAfter = time.Hour // no automatic promotion
-	a := startNode(t, cfgA)
+	tc := startCluster(t, clusterOpts{n: 1, nodeIDs: []string{"p1"}, dcTune: func(i int, c *server.Config) {
+		if i == 0 {
+			c.Cluster.PromoteAfter = time.Hour // no automatic promotion
+		}
+	}})
+	a := tc.nodes[0].srv
 	waitHealthy(t, a)
-	cfgB := plainConfig(t, "p2", filepath.Join(t.TempDir(), "p2"))
-	cfgB.Join = []string{a.GRPCAddr()}
-	b := startNode(t, cfgB)
+	b := tc.add(devcluster.AddConfig{ID: "p2", Join: []string{a.GRPCAddr()}}).srv
 	waitHealthy(t, b)
 	suffrage := func() string {
 		st, err := a.Node().Status()
@@ -358,23 +341,8 @@ func TestPromoteNonVoter(t *testing.T) {
 // TestRemoveLeaderUnderLoad: removing the leader while clients write
 // fails no client call and loses no acknowledged mark.
 func TestRemoveLeaderUnderLoad(t *testing.T) {
-	root := t.TempDir()
-	var cfgs []server.Config
-	var peers []cluster.Peer
-	for i := range 3 {
-		id := fmt.Sprintf("r%d", i+1)
-		c := plainConfig(t, id, filepath.Join(root, id))
-		cfgs = append(cfgs, c)
-		peers = append(peers, cluster.Peer{ID: id, RaftAddr: c.Cluster.RaftAddr, GRPCAddr: c.Cluster.GRPCAddr})
-	}
-	var srvs []*server.Server
-	var addrs []string
-	for _, c := range cfgs {
-		c.Cluster.Peers = peers
-		s := startNode(t, c)
-		srvs = append(srvs, s)
-		addrs = append(addrs, s.GRPCAddr())
-	}
+	tc := startCluster(t, clusterOpts{n: 3, nodeIDs: []string{"r1", "r2", "r3"}})
+	srvs, addrs := tc.c.Servers(), tc.c.Addrs()
 	waitHealthy(t, srvs...)
 	var leader *server.Server
 	for _, s := range srvs {
@@ -419,12 +387,12 @@ func TestRemoveLeaderUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	waitUntil(t, 30*time.Second, "writes flowing", func() bool { return progress.Load() > 50 })
+	waitFor(t, 30*time.Second, "writes flowing", func() bool { return progress.Load() > 50 })
 	if err := cl.Remove(ctx, leader.Node().ID()); err != nil {
 		t.Fatalf("remove leader %s: %v", leader.Node().ID(), err)
 	}
 	before := progress.Load()
-	waitUntil(t, 60*time.Second, "writes continuing after the leader's removal", func() bool { return progress.Load() > before+100 })
+	waitFor(t, 60*time.Second, "writes continuing after the leader's removal", func() bool { return progress.Load() > before+100 })
 	stop.Store(true)
 	wg.Wait()
 	if n := failures.Load(); n != 0 {

@@ -1,9 +1,8 @@
-package server
+package server_test
 
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,7 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
-	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
+	"github.com/dedupnode/dedupnode/server"
 )
 
 // testClockOffset is the --max-clock-offset of the replica tests (one
@@ -19,33 +19,18 @@ import (
 const testClockOffset = 100 * time.Millisecond
 
 func replicaOpts(n int) clusterOpts {
-	return clusterOpts{n: n, serverTune: func(c *Config) { c.MaxClockOffset = testClockOffset }}
+	return clusterOpts{n: n, proxied: true, serverTune: func(c *server.Config) { c.MaxClockOffset = testClockOffset }}
 }
 
 // addReplica starts a read replica that joins the cluster through its
-// leader, with a pauseProxy in front of its Raft address (Pause cuts the
+// leader (devcluster.Add), behind its Raft proxy (tc.cut stops the
 // leader's replication to it), and waits until the leader lists it as a
 // replica and it is healthy.
 func (tc *testCluster) addReplica(id string) *testNode {
 	t := tc.t
 	t.Helper()
 	leader := tc.leader()
-	raftLn, grpcLn := listen(t), listen(t)
-	nd := &testNode{id: id, proxy: newPauseProxy(t, raftLn.Addr().String())}
-	nd.cfg = Config{
-		Cluster: cluster.Config{
-			NodeID:        id,
-			DataDir:       filepath.Join(t.TempDir(), id),
-			RaftAddr:      raftLn.Addr().String(),
-			RaftAdvertise: nd.proxy.Addr(),
-			GRPCAddr:      grpcLn.Addr().String(),
-		},
-		ListenAddr:  grpcLn.Addr().String(),
-		Join:        []string{leader.srv.GRPCAddr()},
-		ReadReplica: true,
-	}
-	tc.nodes = append(tc.nodes, nd)
-	tc.start(nd, raftLn, grpcLn)
+	nd := tc.add(devcluster.AddConfig{ID: id, Join: []string{leader.srv.GRPCAddr()}, ReadReplica: true})
 	waitFor(t, 30*time.Second, id+" listed as a replica and healthy", func() bool {
 		return suffrageOf(t, tc.leader(), id) == "replica" && nd.srv.Node().Healthy()
 	})
@@ -188,7 +173,7 @@ func TestReadReplica_BoundedFallsBackWhenCutOff(t *testing.T) {
 		return b.ReadPath == dedupv1.ReadPath_READ_PATH_LOCAL
 	})
 
-	r.proxy.Pause()
+	tc.cut(r)
 	late := []byte("marked-while-cut-off")
 	resp, err := markRetrying(ctx, leader.dedup, &dedupv1.MarkRequest{Items: markItems([][]byte{late}), RequestToken: []byte("cut-1")})
 	if err != nil {
@@ -225,7 +210,7 @@ func TestReadReplica_BoundedFallsBackWhenCutOff(t *testing.T) {
 	wantFailsInTime("bounded check", dedupv1.Consistency_CONSISTENCY_BOUNDED, 1000)
 	wantFailsInTime("linearizable check", dedupv1.Consistency_CONSISTENCY_LINEARIZABLE, 0)
 
-	r.proxy.Resume()
+	tc.heal(r)
 	waitFor(t, 20*time.Second, "bounded check sees the mark after the cut heals", func() bool {
 		b, err := check(ctx, r, dedupv1.Consistency_CONSISTENCY_BOUNDED, 1000, late)
 		return err == nil && b.Results[0].Code == dedupv1.CheckResult_SEEN
@@ -258,7 +243,7 @@ func TestReadReplica_LosingEveryReplicaLosesNoWrite(t *testing.T) {
 	replicas := []*testNode{tc.addReplica("r1"), tc.addReplica("r2")}
 	leader := tc.leader()
 	for _, r := range replicas {
-		r.proxy.Pause() // unreachable first: the leader keeps trying them
+		tc.cut(r) // unreachable first: the leader keeps trying them
 	}
 	var all [][]byte
 	for i := range 20 {

@@ -22,7 +22,7 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/auth"
-	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/dedupnode/dedupnode/server"
@@ -56,9 +56,10 @@ func newSecurePKI(t *testing.T, nodes ...string) securePKI {
 
 func (p securePKI) file(name string) string { return filepath.Join(p.dir, name) }
 
-// secureConfig is a node's config with TLS on gRPC, between nodes and on
-// Raft, mutual TLS for clients, and tokens from secureTokens.
-func secureConfig(t *testing.T, p securePKI, id, dataDir string, raftLn, grpcLn net.Listener) server.Config {
+// secureTune returns what makes node id's config serve TLS on gRPC,
+// between nodes and on Raft, mutual TLS for clients, and tokens from
+// secureTokens (the keys, certificates and tokens are loaded here, once).
+func secureTune(t *testing.T, p securePKI, id string) func(*server.Config) {
 	t.Helper()
 	kp, err := security.LoadKeyPair(p.file(id+".crt"), p.file(id+".key"))
 	if err != nil {
@@ -90,15 +91,15 @@ func secureConfig(t *testing.T, p securePKI, id, dataDir string, raftLn, grpcLn 
 		t.Fatal(err)
 	}
 	authz := &auth.Authorizer{Tokens: store, TrustNodeCertificates: true, NodeRoots: roots}
-	cfg := testcluster.ConfigOn(id, dataDir, raftLn, grpcLn)
-	cfg.Cluster.WrapRaftStream = func(inner raft.StreamLayer) raft.StreamLayer {
-		return security.WrapStreamLayer(inner, rsrv, rcli)
+	return func(cfg *server.Config) {
+		cfg.Cluster.WrapRaftStream = func(inner raft.StreamLayer) raft.StreamLayer {
+			return security.WrapStreamLayer(inner, rsrv, rcli)
+		}
+		cfg.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())}
+		cfg.CallInterceptors = []grpc.UnaryServerInterceptor{authz.UnaryServerInterceptor()}
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}
+		cfg.AdminAddr = "127.0.0.1:0"
 	}
-	cfg.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS)), grpc.ChainStreamInterceptor(authz.StreamServerInterceptor())}
-	cfg.CallInterceptors = []grpc.UnaryServerInterceptor{authz.UnaryServerInterceptor()}
-	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}
-	cfg.AdminListener = listenTCP(t)
-	return cfg
 }
 
 func listenTCP(t *testing.T) net.Listener {
@@ -106,60 +107,23 @@ func listenTCP(t *testing.T) net.Listener {
 	return testcluster.Listen(t)
 }
 
-func startNode(t *testing.T, cfg server.Config) *server.Server {
+// startSecureCluster starts a static cluster of the named nodes
+// (devcluster) with TLS everywhere and tokens (secureTune), and waits
+// until a ready leader is known to every node.
+func startSecureCluster(t *testing.T, p securePKI, ids ...string) (*devcluster.Cluster, []*server.Server) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	srv, err := server.Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("start %s: %v", cfg.Cluster.NodeID, err)
+	tunes := map[string]func(*server.Config){}
+	var addrs []devcluster.Node
+	for _, id := range ids {
+		tunes[id] = secureTune(t, p, id)
+		addrs = append(addrs, devcluster.Node{ID: id, GRPC: "127.0.0.1:0", Raft: "127.0.0.1:0"})
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := srv.Close(ctx); err != nil {
-			t.Errorf("close %s: %v", cfg.Cluster.NodeID, err)
+	c := testcluster.New(t, devcluster.Config{Addrs: addrs, Logger: newTestLogger(t), Tune: func(_ int, cfg *server.Config) {
+		if tune := tunes[cfg.Cluster.NodeID]; tune != nil { // nodes added later bring their own
+			tune(cfg)
 		}
-	})
-	return srv
-}
-
-// startSecureCluster starts a static cluster of the named nodes with TLS
-// everywhere and tokens, and waits until every node is healthy.
-func startSecureCluster(t *testing.T, p securePKI, ids ...string) []*server.Server {
-	t.Helper()
-	root := t.TempDir()
-	cfgs := make([]server.Config, len(ids))
-	var peers []cluster.Peer
-	for i, id := range ids {
-		cfgs[i] = secureConfig(t, p, id, filepath.Join(root, id), listenTCP(t), listenTCP(t))
-		peers = append(peers, cluster.Peer{ID: id, RaftAddr: cfgs[i].Cluster.RaftAddr, GRPCAddr: cfgs[i].Cluster.GRPCAddr})
-	}
-	srvs := make([]*server.Server, len(ids))
-	for i := range cfgs {
-		cfgs[i].Cluster.Peers = peers
-		srvs[i] = startNode(t, cfgs[i])
-	}
-	waitUntil(t, 60*time.Second, "every node healthy with a leader", func() bool {
-		for _, s := range srvs {
-			if !s.Node().Healthy() {
-				return false
-			}
-		}
-		return true
-	})
-	return srvs
-}
-
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}})
+	return c, c.Servers()
 }
 
 // dialAs connects to addr over TLS with the client certificate certName
@@ -226,7 +190,7 @@ func httpGet(t *testing.T, url string) string {
 // without the right are refused with the right code.
 func TestSecureClusterTLSEverywhereAndTokens(t *testing.T) {
 	p := newSecurePKI(t, "n1", "n2", "n3")
-	srvs := startSecureCluster(t, p, "n1", "n2", "n3")
+	_, srvs := startSecureCluster(t, p, "n1", "n2", "n3")
 	ctx := callCtx(t)
 
 	ops := dialAs(t, p, srvs[0].GRPCAddr(), "client", opsToken)
@@ -400,30 +364,30 @@ func renderInChromium(t *testing.T, url string) string {
 // receive a single Raft entry.
 func TestForeignCANodeCannotJoin(t *testing.T) {
 	p := newSecurePKI(t, "n1")
-	srvs := startSecureCluster(t, p, "n1")
+	cl, srvs := startSecureCluster(t, p, "n1")
 	leader := srvs[0]
 
 	foreign := newSecurePKI(t, "evil")
-	root := t.TempDir()
+	evilTLS := secureTune(t, foreign, "evil")
 
 	// 1. Joining through a member fails: the member does not trust the
 	// joiner's certificate (and the joiner not the member's).
-	cfg := secureConfig(t, foreign, "evil", filepath.Join(root, "evil-1"), listenTCP(t), listenTCP(t))
-	cfg.Join = []string{leader.GRPCAddr()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if srv, err := server.Start(ctx, cfg); err == nil {
-		cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer ccancel()
-		srv.Close(cctx)
+	if _, err := cl.Add(ctx, devcluster.AddConfig{ID: "evil", Join: []string{leader.GRPCAddr()}, Tune: evilTLS}); err == nil {
 		t.Fatal("a node with a foreign CA joined")
 	}
 
 	// 2. An admin adds a foreign-CA node to the configuration by mistake:
 	// the leader cannot open a Raft connection to it, so it never gets a
 	// log entry, is never promoted, and the cluster keeps working.
-	evilCfg := secureConfig(t, foreign, "evil", filepath.Join(root, "evil-2"), listenTCP(t), listenTCP(t))
-	evil := startNode(t, evilCfg)
+	actx, acancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer acancel()
+	i, err := cl.Add(actx, devcluster.AddConfig{ID: "evil", NoJoin: true, Tune: evilTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := cl.Server(i)
 	ops := dialAs(t, p, leader.GRPCAddr(), "client", opsToken)
 	cctx := callCtx(t)
 	if _, err := dedupv1.NewAdminClient(ops).Join(cctx, &dedupv1.JoinRequest{NodeId: "evil", RaftAddr: evil.RaftAddr(), GrpcAddr: evil.GRPCAddr()}); err != nil {
@@ -460,7 +424,7 @@ func TestForeignCANodeCannotJoin(t *testing.T) {
 // stream goes on; a stream without a token is refused as a whole.
 func TestSecureStreamChecksEachCall(t *testing.T) {
 	p := newSecurePKI(t, "n1")
-	srvs := startSecureCluster(t, p, "n1")
+	_, srvs := startSecureCluster(t, p, "n1")
 	ctx := callCtx(t)
 	addr := srvs[0].GRPCAddr()
 	if _, err := dedupv1.NewAdminClient(dialAs(t, p, addr, "client", opsToken)).CreateNamespace(ctx,

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/server"
 )
 
 // streamRecv collects a stream's answers by request ID.
@@ -130,7 +131,7 @@ func TestStreamBoundsCallsInFlight(t *testing.T) {
 		}
 		return h(ctx, req)
 	}
-	tc := startCluster(t, clusterOpts{n: 1, autoCreate: true, serverTune: func(c *Config) {
+	tc := startCluster(t, clusterOpts{n: 1, autoCreate: true, serverTune: func(c *server.Config) {
 		c.StreamInflight = limit
 		c.CallInterceptors = []grpc.UnaryServerInterceptor{hold}
 	}})
@@ -190,7 +191,7 @@ func TestStreamEndsUnavailableOnClose(t *testing.T) {
 		defer wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		if err := nd.srv.Close(ctx); err != nil {
+		if err := tc.c.Stop(ctx, nd.i); err != nil { // Server.Close
 			t.Errorf("close: %v", err)
 		}
 	}()

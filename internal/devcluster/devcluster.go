@@ -80,10 +80,10 @@ type Config struct {
 	Backup io.Reader
 }
 
-// NodeConfig is node id's config with dir as its data directory, serving
+// nodeConfig is node id's config with dir as its data directory, serving
 // Raft on raftLn and gRPC on grpcLn, with Raft timings from election (0:
 // cluster's defaults). Peers, logger and the rest are the caller's.
-func NodeConfig(id, dir string, raftLn, grpcLn net.Listener, election time.Duration) server.Config {
+func nodeConfig(id, dir string, raftLn, grpcLn net.Listener, election time.Duration) server.Config {
 	cfg := server.Config{
 		Cluster: cluster.Config{
 			NodeID:       id,
@@ -254,7 +254,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 func (c *Cluster) newNode(n Node, grpcLn, raftLn net.Listener) (*node, error) {
 	n.GRPC, n.Raft = grpcLn.Addr().String(), raftLn.Addr().String()
 	nd := &node{Node: n, dir: filepath.Join(c.cfg.Dir, n.ID)}
-	nd.cfg = NodeConfig(n.ID, nd.dir, raftLn, grpcLn, c.cfg.ElectionTimeout)
+	nd.cfg = nodeConfig(n.ID, nd.dir, raftLn, grpcLn, c.cfg.ElectionTimeout)
 	nd.cfg.Listener, nd.cfg.Cluster.RaftListener = nil, nil
 	nd.cfg.Cluster.Logger = c.cfg.Logger.With("node", n.ID)
 	nd.cfg.Cluster.LogStore = c.cfg.LogStore

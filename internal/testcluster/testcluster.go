@@ -120,21 +120,6 @@ func LogStore() cluster.LogStore {
 	return ls
 }
 
-// ConfigOn is a node's config without TLS, serving Raft on raftLn and
-// gRPC on grpcLn, with Election-based Raft timings, and the Raft log
-// store of LogStore.
-func ConfigOn(id, dataDir string, raftLn, grpcLn net.Listener) server.Config {
-	cfg := devcluster.NodeConfig(id, dataDir, raftLn, grpcLn, Election)
-	cfg.Cluster.LogStore = LogStore()
-	return cfg
-}
-
-// Config is ConfigOn with fresh loopback listeners.
-func Config(t testing.TB, id, dataDir string) server.Config {
-	t.Helper()
-	return ConfigOn(id, dataDir, Listen(t), Listen(t))
-}
-
 // Start starts n nodes n1..nN (devcluster.Start) with Election-based
 // timings; tune, if not nil, adjusts node i's config (peers already set)
 // before it starts. It waits until a ready leader is known to every node,
