@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
-	"github.com/dedupnode/dedupnode/cluster"
-	"github.com/dedupnode/dedupnode/server"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 )
 
-// startNode starts a real one-node dedupnode cluster in this process (what
-// `dedupnode dev --nodes 1` runs), with namespaces created on first use,
-// and returns its gRPC address and a function that stops it.
+// startNode starts a real one-node dedupnode cluster in this process
+// (internal/devcluster, what `dedupnode dev --nodes 1` runs), with
+// namespaces created on first use, and returns its gRPC address and a
+// function that stops it.
 func startNode() (addr string, stop func()) {
 	dir, err := os.MkdirTemp("", "dedupnode-example-")
 	if err != nil {
@@ -25,30 +25,14 @@ func startNode() (addr string, stop func()) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	srv, err := server.Start(ctx, server.Config{
-		Cluster: cluster.Config{
-			NodeID:    "n1",
-			DataDir:   dir,
-			RaftAddr:  "127.0.0.1:0",
-			Bootstrap: true,
-		},
-		ListenAddr:           "127.0.0.1:0",
-		AutoCreateNamespaces: true,
-	})
+	c, err := devcluster.Start(ctx, devcluster.Config{Nodes: 1, Dir: dir, AutoCreateNamespaces: true})
 	if err != nil {
 		log.Fatal(err)
 	}
-	for !srv.Node().Healthy() { // a one-node cluster elects itself at once
-		select {
-		case <-ctx.Done():
-			log.Fatal("no leader")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return srv.GRPCAddr(), func() {
+	return c.Addrs()[0], func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		srv.Close(ctx)
+		c.Close(ctx)
 		os.RemoveAll(dir)
 	}
 }
