@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
 
@@ -31,132 +29,31 @@ import (
 // MarkAt is Mark as one attempt on the node at addr, with request token
 // token. See "Single-attempt calls" above.
 func (c *Client) MarkAt(ctx context.Context, addr, namespace string, items []Item, ttl time.Duration, token []byte) ([]Result, error) {
-	ttlMs, err := durationMs("mark", "ttl", ttl)
-	if err != nil {
-		return nil, err
-	}
-	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token}
-	pb := make([]dedupv1.MarkItem, len(items))
-	for i, it := range items {
-		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
-		req.Items[i] = &pb[i]
-	}
-	var resp *dedupv1.MarkResponse
-	err = c.once(ctx, "mark", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
-		resp, err = d.Mark(ctx, req)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	rs := resp.GetResults()
-	if err := sameLen("mark", len(items), len(rs)); err != nil {
-		return nil, err
-	}
-	out, recs := make([]Result, len(rs)), records(len(rs))
-	for i, r := range rs {
-		out[i] = Result{ID: items[i].ID, Code: markCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
-	}
-	return out, nil
+	return c.mark(ctx, addr, namespace, items, ttl, token)
 }
 
 // CheckAt is Check as one attempt on the node at addr. Bounded uses the
 // client's max staleness (WithMaxStaleness). See "Single-attempt calls"
 // above.
 func (c *Client) CheckAt(ctx context.Context, addr, namespace string, ids [][]byte, consistency Consistency) ([]Result, error) {
-	var maxStaleness time.Duration
-	if consistency == Bounded {
-		if c.opts.maxStaleness == 0 {
-			return nil, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
-				Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d)"}
-		}
-		if err := validStaleness(c.opts.maxStaleness); err != nil {
-			return nil, err
-		}
-		maxStaleness = c.opts.maxStaleness
-	}
-	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
-	var resp *dedupv1.CheckResponse
-	err := c.once(ctx, "check", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
-		resp, err = d.Check(ctx, req)
-		return err
-	})
+	maxStaleness, err := c.staleness(consistency)
 	if err != nil {
 		return nil, err
 	}
-	rs := resp.GetResults()
-	if err := sameLen("check", len(ids), len(rs)); err != nil {
-		return nil, err
-	}
-	out, recs := make([]Result, len(rs)), records(len(rs))
-	for i, r := range rs {
-		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
-	}
-	return out, nil
+	res, _, err := c.check(ctx, addr, namespace, ids, consistency, maxStaleness)
+	return res, err
 }
 
 // ClaimAt is Claim as one attempt on the node at addr, with request token
 // token. See "Single-attempt calls" above.
 func (c *Client) ClaimAt(ctx context.Context, addr, namespace string, items []Item, lease time.Duration, token []byte) ([]Result, error) {
-	leaseMs, err := durationMs("claim", "lease", lease)
-	if err != nil {
-		return nil, err
-	}
-	req := &dedupv1.ClaimRequest{Namespace: namespace, Items: make([]*dedupv1.ClaimItem, len(items)), LeaseMs: leaseMs, RequestToken: token}
-	pb := make([]dedupv1.ClaimItem, len(items))
-	for i, it := range items {
-		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
-		req.Items[i] = &pb[i]
-	}
-	var resp *dedupv1.ClaimResponse
-	err = c.once(ctx, "claim", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
-		resp, err = d.Claim(ctx, req)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	rs := resp.GetResults()
-	if err := sameLen("claim", len(items), len(rs)); err != nil {
-		return nil, err
-	}
-	out, recs := make([]Result, len(rs)), records(len(rs))
-	for i, r := range rs {
-		out[i] = Result{ID: items[i].ID, Code: claimCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
-	}
-	return out, nil
+	return c.claim(ctx, addr, namespace, items, lease, token)
 }
 
 // CommitAt is Commit as one attempt on the node at addr. See
 // "Single-attempt calls" above.
 func (c *Client) CommitAt(ctx context.Context, addr, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
-	ttlMs, err := durationMs("commit", "ttl", ttl)
-	if err != nil {
-		return nil, err
-	}
-	req := &dedupv1.CommitRequest{Namespace: namespace, Items: make([]*dedupv1.LeaseItem, len(leases)), TtlMs: ttlMs}
-	pb := make([]dedupv1.LeaseItem, len(leases))
-	for i, l := range leases {
-		pb[i].Id, pb[i].FencingToken = l.ID, l.FencingToken
-		req.Items[i] = &pb[i]
-	}
-	var resp *dedupv1.LeaseResponse
-	err = c.once(ctx, "commit", addr, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
-		resp, err = d.Commit(ctx, req)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	rs := resp.GetResults()
-	if err := sameLen("commit", len(leases), len(rs)); err != nil {
-		return nil, err
-	}
-	out, recs := make([]Result, len(rs)), records(len(rs))
-	for i, r := range rs {
-		out[i] = Result{ID: leases[i].ID, Code: leaseCode(r.GetCode()), Record: recs.of(i, r.GetRecord())}
-	}
-	return out, nil
+	return c.commit(ctx, addr, namespace, leases, ttl)
 }
 
 // once runs fn as one attempt on the node at addr, over the client's

@@ -23,19 +23,28 @@ import (
 // ID, batch too large, Bounded without WithMaxStaleness), Unavailable once
 // retries ran out.
 func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency) ([]Result, error) {
-	var maxStaleness time.Duration
-	if consistency == Bounded {
-		if c.opts.maxStaleness == 0 {
-			return nil, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
-				Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d), or call CheckBounded"}
-		}
-		if err := validStaleness(c.opts.maxStaleness); err != nil {
-			return nil, err
-		}
-		maxStaleness = c.opts.maxStaleness
+	maxStaleness, err := c.staleness(consistency)
+	if err != nil {
+		return nil, err
 	}
-	res, _, err := c.check(ctx, namespace, ids, consistency, maxStaleness)
+	res, _, err := c.check(ctx, "", namespace, ids, consistency, maxStaleness)
 	return res, err
+}
+
+// staleness is the max staleness a Check with consistency sends: the
+// client's (WithMaxStaleness) for Bounded, none otherwise.
+func (c *Client) staleness(consistency Consistency) (time.Duration, error) {
+	if consistency != Bounded {
+		return 0, nil
+	}
+	if c.opts.maxStaleness == 0 {
+		return 0, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
+			Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d), or call CheckBounded"}
+	}
+	if err := validStaleness(c.opts.maxStaleness); err != nil {
+		return 0, err
+	}
+	return c.opts.maxStaleness, nil
 }
 
 func validStaleness(d time.Duration) error {
@@ -54,28 +63,48 @@ func (c *Client) CheckBounded(ctx context.Context, namespace string, ids [][]byt
 	if err := validStaleness(maxStaleness); err != nil {
 		return nil, ReadPathUnknown, err
 	}
-	return c.check(ctx, namespace, ids, Bounded, maxStaleness)
+	return c.check(ctx, "", namespace, ids, Bounded, maxStaleness)
 }
 
-func (c *Client) check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
+// check sends a Check routed by consistency (addr ""), or as one attempt
+// on the node at addr.
+func (c *Client) check(ctx context.Context, addr, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
 	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
-	t := c.readTarget(consistency != Linearizable)
 	var resp *dedupv1.CheckResponse
-	err := c.invoke(ctx, "check", t, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = c.dedup(ctx, cc).Check(ctx, req)
+	err := c.send(ctx, "check", addr, c.readTarget(consistency != Linearizable), func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Check(ctx, req)
 		return err
 	})
 	if err != nil {
 		return nil, ReadPathUnknown, err
 	}
-	if err := sameLen("check", len(ids), len(resp.GetResults())); err != nil {
-		return nil, ReadPathUnknown, err
+	out, err := results("check", resp.GetResults(), func(i int) []byte { return ids[i] }, len(ids),
+		func(r *dedupv1.CheckResult) Code { return checkCode(r.GetCode()) })
+	return out, readPathOf(resp.GetReadPath()), err
+}
+
+// send runs one Dedup call: routed to target with the client's retries
+// (addr ""), or as one attempt on the node at addr (the *At calls).
+func (c *Client) send(ctx context.Context, op, addr string, target target, fn func(context.Context, dedupv1.DedupClient) error) error {
+	if addr != "" {
+		return c.once(ctx, op, addr, fn)
 	}
-	out := make([]Result, len(ids))
-	for i, r := range resp.GetResults() {
-		out[i] = Result{ID: ids[i], Code: checkCode(r.GetCode()), Record: recordOf(r.GetRecord())}
+	return c.invoke(ctx, op, target, func(ctx context.Context, cc *grpc.ClientConn) error {
+		return fn(ctx, c.dedup(ctx, cc))
+	})
+}
+
+// results turns a response's per-item results into Results, the records
+// of the batch allocated at once. id(i) is the ID of request item i.
+func results[R interface{ GetRecord() *dedupv1.Record }](op string, rs []R, id func(int) []byte, n int, code func(R) Code) ([]Result, error) {
+	if err := sameLen(op, n, len(rs)); err != nil {
+		return nil, err
 	}
-	return out, readPathOf(resp.GetReadPath()), nil
+	out, recs := make([]Result, len(rs)), records(len(rs))
+	for i, r := range rs {
+		out[i] = Result{ID: id(i), Code: code(r), Record: recs.of(i, r.GetRecord())}
+	}
+	return out, nil
 }
 
 // Mark records each ID that is absent (an atomic, replicated test-and-set
@@ -92,35 +121,32 @@ func (c *Client) check(ctx context.Context, namespace string, ids [][]byte, cons
 // 64 bytes, TTL out of range, batch too large; nothing is applied),
 // Unavailable once retries ran out (outcome unknown).
 func (c *Client) Mark(ctx context.Context, namespace string, items []Item, ttl time.Duration) ([]Result, error) {
+	return c.mark(ctx, "", namespace, items, ttl, NewRequestToken())
+}
+
+// mark sends a Mark to the leader with retries (addr ""), or as one
+// attempt on the node at addr.
+func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item, ttl time.Duration, token []byte) ([]Result, error) {
 	ttlMs, err := durationMs("mark", "ttl", ttl)
 	if err != nil {
 		return nil, err
 	}
-	req := &dedupv1.MarkRequest{
-		Namespace:    namespace,
-		Items:        make([]*dedupv1.MarkItem, len(items)),
-		TtlMs:        ttlMs,
-		RequestToken: NewRequestToken(),
-	}
+	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token}
+	pb := make([]dedupv1.MarkItem, len(items)) // one allocation for the batch
 	for i, it := range items {
-		req.Items[i] = &dedupv1.MarkItem{Id: it.ID, Digest: it.Digest, RequestToken: it.RequestToken}
+		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
+		req.Items[i] = &pb[i]
 	}
 	var resp *dedupv1.MarkResponse
-	err = c.invoke(ctx, "mark", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = c.dedup(ctx, cc).Mark(ctx, req)
+	err = c.send(ctx, "mark", addr, toLeader, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Mark(ctx, req)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := sameLen("mark", len(items), len(resp.GetResults())); err != nil {
-		return nil, err
-	}
-	out := make([]Result, len(items))
-	for i, r := range resp.GetResults() {
-		out[i] = Result{ID: items[i].ID, Code: markCode(r.GetCode()), Record: recordOf(r.GetRecord())}
-	}
-	return out, nil
+	return results("mark", resp.GetResults(), func(i int) []byte { return items[i].ID }, len(items),
+		func(r *dedupv1.MarkResult) Code { return markCode(r.GetCode()) })
 }
 
 // Claim takes a lease on each ID before processing it: CodeAcquired (the
@@ -132,47 +158,50 @@ func (c *Client) Mark(ctx context.Context, namespace string, items []Item, ttl t
 //
 // Like Mark, one request token is kept across the retries of this call.
 func (c *Client) Claim(ctx context.Context, namespace string, items []Item, lease time.Duration) ([]Result, error) {
+	return c.claim(ctx, "", namespace, items, lease, NewRequestToken())
+}
+
+// claim sends a Claim to the leader with retries (addr ""), or as one
+// attempt on the node at addr.
+func (c *Client) claim(ctx context.Context, addr, namespace string, items []Item, lease time.Duration, token []byte) ([]Result, error) {
 	leaseMs, err := durationMs("claim", "lease", lease)
 	if err != nil {
 		return nil, err
 	}
-	req := &dedupv1.ClaimRequest{
-		Namespace:    namespace,
-		Items:        make([]*dedupv1.ClaimItem, len(items)),
-		LeaseMs:      leaseMs,
-		RequestToken: NewRequestToken(),
-	}
+	req := &dedupv1.ClaimRequest{Namespace: namespace, Items: make([]*dedupv1.ClaimItem, len(items)), LeaseMs: leaseMs, RequestToken: token}
+	pb := make([]dedupv1.ClaimItem, len(items))
 	for i, it := range items {
-		req.Items[i] = &dedupv1.ClaimItem{Id: it.ID, Digest: it.Digest, RequestToken: it.RequestToken}
+		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
+		req.Items[i] = &pb[i]
 	}
 	var resp *dedupv1.ClaimResponse
-	err = c.invoke(ctx, "claim", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = c.dedup(ctx, cc).Claim(ctx, req)
+	err = c.send(ctx, "claim", addr, toLeader, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = d.Claim(ctx, req)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := sameLen("claim", len(items), len(resp.GetResults())); err != nil {
-		return nil, err
-	}
-	out := make([]Result, len(items))
-	for i, r := range resp.GetResults() {
-		out[i] = Result{ID: items[i].ID, Code: claimCode(r.GetCode()), Record: recordOf(r.GetRecord())}
-	}
-	return out, nil
+	return results("claim", resp.GetResults(), func(i int) []byte { return items[i].ID }, len(items),
+		func(r *dedupv1.ClaimResult) Code { return claimCode(r.GetCode()) })
 }
 
 // Commit turns held leases into committed records living ttl (0: the
 // namespace default): CodeOK, or CodeLeaseLost when the lease expired or a
 // newer claim fenced it (someone else may be processing the message).
 func (c *Client) Commit(ctx context.Context, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
+	return c.commit(ctx, "", namespace, leases, ttl)
+}
+
+// commit sends a Commit to the leader with retries (addr ""), or as one
+// attempt on the node at addr.
+func (c *Client) commit(ctx context.Context, addr, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
 	ttlMs, err := durationMs("commit", "ttl", ttl)
 	if err != nil {
 		return nil, err
 	}
 	req := &dedupv1.CommitRequest{Namespace: namespace, Items: leaseItems(leases), TtlMs: ttlMs}
-	return c.leaseCall(ctx, "commit", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+	return c.leaseCall(ctx, "commit", addr, leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Commit(ctx, req)
 	})
 }
@@ -185,7 +214,7 @@ func (c *Client) Renew(ctx context.Context, namespace string, leases []Lease, le
 		return nil, err
 	}
 	req := &dedupv1.RenewRequest{Namespace: namespace, Items: leaseItems(leases), LeaseMs: leaseMs}
-	return c.leaseCall(ctx, "renew", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+	return c.leaseCall(ctx, "renew", "", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Renew(ctx, req)
 	})
 }
@@ -194,7 +223,7 @@ func (c *Client) Renew(ctx context.Context, namespace string, leases []Lease, le
 // can claim at once: CodeOK, or CodeLeaseLost.
 func (c *Client) Release(ctx context.Context, namespace string, leases []Lease) ([]Result, error) {
 	req := &dedupv1.ReleaseRequest{Namespace: namespace, Items: leaseItems(leases)}
-	return c.leaseCall(ctx, "release", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
+	return c.leaseCall(ctx, "release", "", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Release(ctx, req)
 	})
 }
@@ -225,29 +254,25 @@ func (c *Client) Forget(ctx context.Context, namespace string, ids [][]byte) ([]
 	return out, nil
 }
 
-func (c *Client) leaseCall(ctx context.Context, op string, leases []Lease, call func(context.Context, dedupv1.DedupClient) (*dedupv1.LeaseResponse, error)) ([]Result, error) {
+func (c *Client) leaseCall(ctx context.Context, op, addr string, leases []Lease, call func(context.Context, dedupv1.DedupClient) (*dedupv1.LeaseResponse, error)) ([]Result, error) {
 	var resp *dedupv1.LeaseResponse
-	err := c.invoke(ctx, op, toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = call(ctx, c.dedup(ctx, cc))
+	err := c.send(ctx, op, addr, toLeader, func(ctx context.Context, d dedupv1.DedupClient) (err error) {
+		resp, err = call(ctx, d)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := sameLen(op, len(leases), len(resp.GetResults())); err != nil {
-		return nil, err
-	}
-	out := make([]Result, len(leases))
-	for i, r := range resp.GetResults() {
-		out[i] = Result{ID: leases[i].ID, Code: leaseCode(r.GetCode()), Record: recordOf(r.GetRecord())}
-	}
-	return out, nil
+	return results(op, resp.GetResults(), func(i int) []byte { return leases[i].ID }, len(leases),
+		func(r *dedupv1.LeaseResult) Code { return leaseCode(r.GetCode()) })
 }
 
 func leaseItems(leases []Lease) []*dedupv1.LeaseItem {
 	out := make([]*dedupv1.LeaseItem, len(leases))
+	pb := make([]dedupv1.LeaseItem, len(leases))
 	for i, l := range leases {
-		out[i] = &dedupv1.LeaseItem{Id: l.ID, FencingToken: l.FencingToken}
+		pb[i].Id, pb[i].FencingToken = l.ID, l.FencingToken
+		out[i] = &pb[i]
 	}
 	return out
 }

@@ -421,14 +421,6 @@ func timeOf(ms int64) time.Time {
 	return time.UnixMilli(ms).UTC()
 }
 
-func recordOf(r *dedupv1.Record) *Record {
-	rec, ok := recordValue(r)
-	if !ok {
-		return nil
-	}
-	return &rec
-}
-
 // recordValue is the Record r describes; false when r carries none.
 func recordValue(r *dedupv1.Record) (Record, bool) {
 	if r == nil {
