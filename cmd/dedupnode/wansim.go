@@ -69,7 +69,7 @@ func newWanSimCmd(e *env) *cobra.Command {
 		Use:   "wan-sim [flags]",
 		Short: "Simulate three regions on loopback (delaying proxy) and benchmark them",
 		Long:  wanSimLong,
-		Example: `  dedupnode wan-sim --replicas --duration 5s --out bench/results/wan-2026-12-01.md
+		Example: `  dedupnode wan-sim --replicas --duration 5s --out /tmp/wan.md
   dedupnode wan-sim --replicas --healthy 10m     # a 10-minute healthy run: 0 elections expected`,
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
