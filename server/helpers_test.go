@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"log/slog"
 	"strings"
 	"sync"
@@ -284,19 +285,31 @@ func markItems(idList [][]byte) []*dedupv1.MarkItem {
 // markRetrying marks with one request token, retrying on Unavailable (safe:
 // the token makes a retry return the original answer), until ctx ends.
 func markRetrying(ctx context.Context, c dedupv1.DedupClient, req *dedupv1.MarkRequest) (*dedupv1.MarkResponse, error) {
+	return retrying(ctx, func(actx context.Context) (*dedupv1.MarkResponse, error) { return c.Mark(actx, req) })
+}
+
+// claimRetrying is markRetrying for Claim.
+func claimRetrying(ctx context.Context, c dedupv1.DedupClient, req *dedupv1.ClaimRequest) (*dedupv1.ClaimResponse, error) {
+	return retrying(ctx, func(actx context.Context) (*dedupv1.ClaimResponse, error) { return c.Claim(actx, req) })
+}
+
+// retrying repeats call (same request, so same request token) while it
+// fails with Unavailable or DeadlineExceeded, until ctx ends.
+func retrying[R any](ctx context.Context, call func(context.Context) (R, error)) (R, error) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := c.Mark(actx, req)
+		resp, err := call(actx)
 		cancel()
 		if err == nil {
 			return resp, nil
 		}
+		var zero R
 		if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
-			return nil, err
+			return zero, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(err, ctx.Err())
+			return zero, errors.Join(err, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -324,6 +337,17 @@ func wantCheckCodes(t testing.TB, resp *dedupv1.CheckResponse, n int, want dedup
 			t.Fatalf("result %d: %v, want %v", i, r.Code, want)
 		}
 	}
+}
+
+// reasonOf returns the ErrorInfo reason of err ("" if none).
+func reasonOf(err error) string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == dedupv1.ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
 }
 
 func wantStatus(t testing.TB, err error, code codes.Code, msgContains string) {
