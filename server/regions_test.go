@@ -64,11 +64,14 @@ func TestPreferredLeader_MovesBackAfterForcedTransferAndDoesNotFlap(t *testing.T
 	waitFor(t, 60*time.Second, "leadership in the preferred region us (n1)", leaderIs("n1"))
 	tc.waitStable()
 
-	// Forced out to ap.
+	// Forced out to ap. out is taken before the request is sent: n3's hold
+	// starts only once it leads, after that, so the time measured until
+	// leadership is back bounds the hold from above however slow the
+	// machine (taken after the reply, it could start after the hold did).
+	out := time.Now()
 	if _, err := byID["n1"].admin.TransferLeadership(rpcCtx(t), &dedupv1.TransferLeadershipRequest{NodeId: "n3"}); err != nil {
 		t.Fatal(err)
 	}
-	out := time.Now()
 	waitFor(t, 30*time.Second, "n3 leads after the forced transfer", func() bool {
 		return byID["n3"].srv.Node().IsLeader() || byID["n1"].srv.Node().IsLeader()
 	})
