@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
@@ -268,5 +269,63 @@ func TestRunCoalescedAgainstRealNode(t *testing.T) {
 	_, err := Run(context.Background(), Config{Addrs: []string{addr}, Workload: ClaimCommit, Coalesce: true, Count: 8})
 	if err == nil || !strings.Contains(err.Error(), "cannot be coalesced") {
 		t.Fatalf("claim-commit with Coalesce: want a cannot-be-coalesced error, got %v", err)
+	}
+}
+
+// A run against a read replica with CreateNamespace waits until the
+// replica has applied the namespace the leader created before measuring:
+// no call fails with "namespace not found". The replica's Raft traffic is
+// cut until the leader knows the namespace, so without the wait the run
+// would start while the replica cannot know it.
+func TestRunWaitsForReplicaToKnowNewNamespace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nodes")
+	}
+	cl := testcluster.New(t, devcluster.Config{Nodes: 1, RaftProxies: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r, err := cl.Add(ctx, devcluster.AddConfig{ID: "r1", ReadReplica: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := cl.Server(r)
+	testcluster.WaitFor(t, 30*time.Second, "r1 healthy", func() bool { return replica.Node().Healthy() })
+	if err := cl.Cut(r); err != nil {
+		t.Fatal(err)
+	}
+	healed := false
+	defer func() {
+		if !healed {
+			_ = cl.Heal(r)
+		}
+	}()
+	type out struct {
+		res *Result
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		res, err := Run(ctx, Config{
+			Addrs: []string{replica.GRPCAddr()}, Namespace: "bench", Workload: CheckMiss,
+			Consistency: "bounded", MaxStaleness: 5 * time.Second,
+			Concurrency: 4, Batch: 8, Count: 400, CreateNamespace: true,
+		})
+		done <- out{res, err}
+	}()
+	leader := testcluster.Client(t, []string{cl.Server(0).GRPCAddr()})
+	testcluster.WaitFor(t, 60*time.Second, "the leader to know namespace bench", func() bool {
+		_, err := leader.DescribeNamespace(ctx, "bench")
+		return err == nil
+	})
+	if err := cl.Heal(r); err != nil {
+		t.Fatal(err)
+	}
+	healed = true
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.res.Errors != 0 || o.res.IDs != 400 {
+		t.Fatalf("ids %d errors %d note %q", o.res.IDs, o.res.Errors, o.res.Note)
 	}
 }

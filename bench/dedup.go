@@ -241,6 +241,43 @@ func (ns *nodes) warm(ctx context.Context, timeout time.Duration) {
 	}
 }
 
+// namespaceWait bounds how long Run waits for every target node to know
+// the namespace it created.
+const namespaceWait = 30 * time.Second
+
+// waitNamespace waits until every address of ns knows the namespace: a
+// stale check there (answered from that node's own state) no longer says
+// it does not exist. A node that answers otherwise, with an error that
+// waiting does not heal, is left to the measurement to report. It fails
+// after timeout.
+func (ns *nodes) waitNamespace(ctx context.Context, namespace string, timeout time.Duration) error {
+	if namespace == "" {
+		namespace = "default"
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	probe := [][]byte{[]byte("bench-namespace-probe")}
+	seen := map[string]bool{}
+	for _, n := range ns.all {
+		if seen[n.addr] {
+			continue
+		}
+		seen[n.addr] = true
+		for {
+			_, err := n.c.CheckAt(ctx, n.addr, namespace, probe, client.Stale)
+			if err == nil || (!errors.Is(err, client.ErrNamespaceNotFound) && !client.Heals(err)) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("namespace %q created, but %s did not know it after %s: %w", namespace, n.addr, timeout, err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
 func (ns *nodes) close() {
 	for _, n := range ns.all {
 		_ = n.c.Close()
@@ -354,6 +391,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		err = EnsureNamespace(ctx, adm, cfg.Namespace, cfg.TTL)
 		adm.Close()
 		if err != nil {
+			return nil, err
+		}
+		// The leader created it; a follower or read replica that is a
+		// target must have applied it too before the measurement starts,
+		// or its first calls fail with "namespace not found".
+		if err := cs.waitNamespace(ctx, cfg.Namespace, namespaceWait); err != nil {
 			return nil, err
 		}
 	}
