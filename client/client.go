@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -139,7 +140,7 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	l := c.linkLocked(addr)
 	creds := c.opts.creds()
 	if c.opts.tls != nil {
-		creds = watchedCreds{TransportCredentials: creds, l: l}
+		creds = watchedCreds{TransportCredentials: credentials.NewTLS(watchClientCert(c.opts.tls, l)), l: l}
 	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strconv"
 	"syscall"
 
@@ -291,15 +292,21 @@ func tlsProblemOf(cause error) string {
 	var ci x509.CertificateInvalidError
 	var he x509.HostnameError
 	var ve *tls.CertificateVerificationError
-	var alert tls.AlertError
+	var noCert *noClientCertError
+	alert, isAlert := tlsAlert(cause)
 	switch {
+	case errors.As(cause, &noCert):
+		if isAlert && (alert == alertBadCertificate || alert == alertUnknownCA) {
+			return TLSClientCertRefused
+		}
+		return TLSClientCertRequired
 	case errors.Is(cause, errNodeSpeaksTLS):
 		return TLSNodeSpeaksTLS
 	case errors.As(cause, &rh):
 		return TLSNodeSpeaksPlaintext
 	case errors.As(cause, &ua), errors.As(cause, &ci), errors.As(cause, &he), errors.As(cause, &ve):
 		return TLSUnknownAuthority
-	case errors.As(cause, &alert):
+	case isAlert:
 		switch alert {
 		case alertCertificateRequired:
 			return TLSClientCertRequired
@@ -308,6 +315,25 @@ func tlsProblemOf(cause error) string {
 		}
 	}
 	return TLSOther
+}
+
+// tlsAlert returns the TLS alert in err: a tls.AlertError, or the alert a
+// node sent, which crypto/tls reports as a *net.OpError with Op "remote
+// error" whose Err is its unexported alert type (a uint8).
+func tlsAlert(err error) (tls.AlertError, bool) {
+	var a tls.AlertError
+	if errors.As(err, &a) {
+		return a, true
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
+		return 0, false
+	}
+	v := reflect.ValueOf(op.Err)
+	if t := v.Type(); t.PkgPath() != "crypto/tls" || t.Kind() != reflect.Uint8 {
+		return 0, false
+	}
+	return tls.AlertError(v.Uint()), true
 }
 
 // isRefused: a dial failed because nothing listens or the name does not

@@ -29,6 +29,13 @@ type link struct {
 	silentClose  bool   // the last connection was closed before the peer sent a byte
 	httpReply    bool   // the peer answered with "HTTP/1."
 	downSince    time.Time
+	// Of the last TLS handshake: whether the node asked for a client
+	// certificate, and whether the client sent one.
+	certAsked, certSent bool
+	// earlyErr is how the last TLS connection ended when it ended after
+	// the handshake but before the node sent a byte of gRPC (its first
+	// read or write error), nil otherwise.
+	earlyErr error
 }
 
 // linkState is a link's state at the start of an attempt.
@@ -81,9 +88,26 @@ func (l *link) handshook(err error) {
 		l.up = false
 		return
 	}
-	l.handshakeErr = nil
+	l.handshakeErr, l.earlyErr = nil, nil
 	l.dials++
 	l.up = true
+}
+
+// askedCert records that the node asked for a client certificate in a
+// handshake under way, and whether the client sent one.
+func (l *link) askedCert(sent bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.certAsked, l.certSent = true, sent
+}
+
+// ended records how a TLS connection that never carried a byte from the
+// node ended.
+func (l *link) ended(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.earlyErr = err
+	l.up = false
 }
 
 // watchedConn reports to its link what the peer sent first and when the
@@ -130,9 +154,87 @@ type watchedCreds struct {
 }
 
 func (w watchedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	w.l.mu.Lock()
+	w.l.certAsked, w.l.certSent = false, false
+	w.l.mu.Unlock()
 	c, info, err := w.TransportCredentials.ClientHandshake(ctx, authority, raw)
 	w.l.handshook(err)
-	return c, info, err
+	if err != nil {
+		return c, info, err
+	}
+	return &tlsConn{Conn: c, l: w.l}, info, nil
+}
+
+// watchClientCert returns a copy of cfg that records on l whether a node
+// asks for a client certificate and whether one is sent (crypto/tls's
+// choice among cfg.Certificates when cfg has no GetClientCertificate).
+func watchClientCert(cfg *tls.Config, l *link) *tls.Config {
+	cfg = cfg.Clone()
+	get, certs := cfg.GetClientCertificate, cfg.Certificates
+	cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		var cert *tls.Certificate
+		if get != nil {
+			var err error
+			if cert, err = get(cri); err != nil {
+				l.askedCert(false)
+				return nil, err
+			}
+		} else {
+			for i := range certs {
+				if cri.SupportsCertificate(&certs[i]) == nil {
+					cert = &certs[i]
+					break
+				}
+			}
+		}
+		if cert == nil {
+			cert = &tls.Certificate{}
+		}
+		l.askedCert(len(cert.Certificate) > 0)
+		return cert, nil
+	}
+	return cfg
+}
+
+// tlsConn is an established TLS connection; it reports to its link how it
+// ended if it ended before the node sent a byte of gRPC (a node that
+// requires a client certificate verifies it after the client's side of a
+// TLS 1.3 handshake is complete, then sends an alert and closes).
+type tlsConn struct {
+	net.Conn
+	l      *link
+	read   atomic.Bool // the node sent at least a byte
+	closed atomic.Bool // ended (by either side)
+}
+
+func (c *tlsConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.read.Store(true)
+	}
+	if err != nil {
+		c.end(err)
+	}
+	return n, err
+}
+
+func (c *tlsConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil {
+		c.end(err)
+	}
+	return n, err
+}
+
+func (c *tlsConn) end(err error) {
+	if !c.closed.Swap(true) && !c.read.Load() {
+		c.l.ended(err)
+	}
+}
+
+func (c *tlsConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 func (w watchedCreds) Clone() credentials.TransportCredentials {
@@ -147,6 +249,8 @@ func (l *link) transportError(before linkState) (kind, cause error, maybeSent bo
 	l.mu.Lock()
 	after := linkState{dials: l.dials, up: l.up}
 	dialErr, hsErr, silent, httpReply := l.dialErr, l.handshakeErr, l.silentClose, l.httpReply
+	noCert := l.certAsked && !l.certSent
+	earlyErr := l.earlyErr
 	l.mu.Unlock()
 	// The request can only have left over a connection that was up when
 	// the attempt began or that came up during it.
@@ -156,6 +260,9 @@ func (l *link) transportError(before linkState) (kind, cause error, maybeSent bo
 		if isEOF(hsErr) {
 			// Closed during the handshake without a word: a Raft port.
 			return ErrNotGRPC, hsErr, false
+		}
+		if noCert {
+			return ErrTLSMismatch, &noClientCertError{err: hsErr}, false
 		}
 		return ErrTLSMismatch, hsErr, false
 	case dialErr != nil && !maybeSent:
@@ -169,9 +276,33 @@ func (l *link) transportError(before linkState) (kind, cause error, maybeSent bo
 			return ErrTLSMismatch, errNodeSpeaksTLS, maybeSent
 		}
 		return ErrNotGRPC, errNotGRPCPort, maybeSent
+	case earlyErr != nil && l.tls:
+		// The handshake completed on the client's side, then the node
+		// ended the connection before a byte of gRPC: it refused what the
+		// client sent in the handshake. Nothing reached the node's gRPC.
+		if _, ok := tlsAlert(earlyErr); ok {
+			if noCert {
+				return ErrTLSMismatch, &noClientCertError{err: earlyErr}, false
+			}
+			return ErrTLSMismatch, earlyErr, false
+		}
+		if noCert {
+			// The alert was lost to the node's close (a broken pipe).
+			return ErrTLSMismatch, &noClientCertError{err: earlyErr}, false
+		}
 	}
 	return nil, nil, maybeSent
 }
+
+// noClientCertError is the Cause of a mismatch with a node that asked for a
+// client certificate and got none, err what the client saw then.
+type noClientCertError struct{ err error }
+
+func (e *noClientCertError) Error() string {
+	return "the node asked for a client certificate and the client has none: " + e.err.Error()
+}
+
+func (e *noClientCertError) Unwrap() error { return e.err }
 
 // errNotGRPCPort is the Cause of ErrNotGRPC for a port that closes the
 // connection at once, as a node's Raft port does.

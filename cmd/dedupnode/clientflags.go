@@ -74,7 +74,7 @@ func tlsHint(err error) string {
 	case client.TLSUnknownAuthority:
 		return "the node's certificate does not verify against --tls-ca: pass the CA that signed the nodes' certificates"
 	case client.TLSClientCertRequired:
-		return "the node requires a client certificate: pass --tls-cert and --tls-key (signed by the cluster's client CA)"
+		return "the node requires a client certificate: pass --tls-cert and --tls-key (DEDUPNODE_TLS_CERT/KEY), signed by the cluster's client CA"
 	case client.TLSClientCertRefused:
 		return "the node refuses this client certificate: pass --tls-cert/--tls-key signed by the cluster's client CA"
 	}

@@ -24,6 +24,13 @@ import (
 // certificate made by 'dedupnode certs'; it returns its address and the CA.
 func tlsListener(t *testing.T) (addr, ca string) {
 	t.Helper()
+	return tlsListenerAuth(t, tls.NoClientCert)
+}
+
+// tlsListenerAuth is tlsListener asking for client certificates as auth
+// says.
+func tlsListenerAuth(t *testing.T, auth tls.ClientAuthType) (addr, ca string) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "pki")
 	if code, _, errb := runCLI(t, context.Background(), "", "certs", "--out", dir, "--nodes", "n1"); code != 0 {
 		t.Fatalf("certs: %s", errb)
@@ -32,7 +39,7 @@ func tlsListener(t *testing.T) (addr, ca string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}})
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}, ClientAuth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +77,7 @@ func plainGRPC(t *testing.T) string {
 func TestTLSMismatchFailsFastWithHint(t *testing.T) {
 	tlsAddr, ca := tlsListener(t)
 	plainAddr := plainGRPC(t)
+	mtlsAddr, mtlsCA := tlsListenerAuth(t, tls.RequireAnyClientCert)
 	cases := []struct {
 		name string
 		args []string
@@ -77,6 +85,8 @@ func TestTLSMismatchFailsFastWithHint(t *testing.T) {
 	}{
 		{"plaintext client, TLS node", []string{"--addr", tlsAddr}, "the node speaks TLS: pass --tls-ca"},
 		{"TLS client, plaintext node", []string{"--addr", plainAddr, "--tls-ca", ca}, "the node speaks plaintext"},
+		{"TLS client without certificate, mutual TLS node", []string{"--addr", mtlsAddr, "--tls-ca", mtlsCA},
+			"the node requires a client certificate: pass --tls-cert and --tls-key (DEDUPNODE_TLS_CERT/KEY)"},
 	}
 	for _, tc := range cases {
 		for _, cmd := range [][]string{{"mark", "x"}, {"status"}} {
