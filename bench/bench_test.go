@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
@@ -272,24 +274,53 @@ func TestRunCoalescedAgainstRealNode(t *testing.T) {
 	}
 }
 
-// A run against a read replica with CreateNamespace waits until the
-// replica has applied the namespace the leader created before measuring:
-// no call fails with "namespace not found". The replica's Raft traffic is
-// cut until the leader knows the namespace, so without the wait the run
-// would start while the replica cannot know it.
-func TestRunWaitsForReplicaToKnowNewNamespace(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts nodes")
-	}
+// startWithReplica starts a one-voter cluster with Raft proxies and a read
+// replica r1, and returns it with the replica's index once it is healthy.
+func startWithReplica(t *testing.T, ctx context.Context) (*devcluster.Cluster, int) {
+	t.Helper()
 	cl := testcluster.New(t, devcluster.Config{Nodes: 1, RaftProxies: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	r, err := cl.Add(ctx, devcluster.AddConfig{ID: "r1", ReadReplica: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	replica := cl.Server(r)
-	testcluster.WaitFor(t, 30*time.Second, "r1 healthy", func() bool { return replica.Node().Healthy() })
+	testcluster.WaitFor(t, 30*time.Second, "r1 healthy", func() bool { return cl.Server(r).Node().Healthy() })
+	return cl, r
+}
+
+// A run against a read replica of a fresh cluster, with CreateNamespace
+// and bounded checks: no call fails with "namespace not found" (the run
+// waits until the replica applied the namespace the leader created).
+func TestRunAgainstReplicaCreatesNamespaceFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nodes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, r := startWithReplica(t, ctx)
+	res, err := Run(ctx, Config{
+		Addrs: []string{cl.Server(r).GRPCAddr()}, Namespace: "bench", Workload: CheckMiss,
+		Consistency: "bounded", MaxStaleness: 5 * time.Second,
+		Concurrency: 4, Batch: 8, Count: 400, CreateNamespace: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors != 0 || res.IDs != 400 {
+		t.Fatalf("ids %d errors %d note %q", res.IDs, res.Errors, res.Note)
+	}
+}
+
+// waitNamespace returns only once every target node knows the namespace:
+// a replica whose Raft traffic is cut while the leader creates it is
+// waited for until it is healed and has applied it.
+func TestWaitNamespaceWaitsForTheReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nodes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, r := startWithReplica(t, ctx)
+	replica := cl.Server(r).GRPCAddr()
 	if err := cl.Cut(r); err != nil {
 		t.Fatal(err)
 	}
@@ -299,33 +330,35 @@ func TestRunWaitsForReplicaToKnowNewNamespace(t *testing.T) {
 			_ = cl.Heal(r)
 		}
 	}()
-	type out struct {
-		res *Result
-		err error
-	}
-	done := make(chan out, 1)
-	go func() {
-		res, err := Run(ctx, Config{
-			Addrs: []string{replica.GRPCAddr()}, Namespace: "bench", Workload: CheckMiss,
-			Consistency: "bounded", MaxStaleness: 5 * time.Second,
-			Concurrency: 4, Batch: 8, Count: 400, CreateNamespace: true,
-		})
-		done <- out{res, err}
-	}()
 	leader := testcluster.Client(t, []string{cl.Server(0).GRPCAddr()})
-	testcluster.WaitFor(t, 60*time.Second, "the leader to know namespace bench", func() bool {
-		_, err := leader.DescribeNamespace(ctx, "bench")
-		return err == nil
-	})
+	if err := EnsureNamespace(ctx, leader, "bench", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := dial(ctx, []string{replica}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.close()
+	done := make(chan error, 1)
+	go func() { done <- ns.waitNamespace(ctx, "bench", 60*time.Second) }()
+	// The replica cannot know the namespace yet: the wait is still on.
+	probe := [][]byte{[]byte("x")}
+	if _, err := ns.get(0).c.CheckAt(ctx, replica, "bench", probe, client.Stale); !errors.Is(err, client.ErrNamespaceNotFound) {
+		t.Fatalf("cut replica: check = %v, want namespace not found", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("waitNamespace returned (%v) while the replica could not know the namespace", err)
+	default:
+	}
 	if err := cl.Heal(r); err != nil {
 		t.Fatal(err)
 	}
 	healed = true
-	o := <-done
-	if o.err != nil {
-		t.Fatal(o.err)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
-	if o.res.Errors != 0 || o.res.IDs != 400 {
-		t.Fatalf("ids %d errors %d note %q", o.res.IDs, o.res.Errors, o.res.Note)
+	if _, err := ns.get(0).c.CheckAt(ctx, replica, "bench", probe, client.Stale); err != nil {
+		t.Fatalf("after the wait: check at the replica = %v", err)
 	}
 }
