@@ -89,6 +89,10 @@ func TestExpositionHasEveryMetricAndLints(t *testing.T) {
 		`dedup_pebble_compaction_debt_bytes`,
 		`dedup_pebble_block_cache_hits_total`,
 		`dedup_pebble_range_deletion_garbage_bytes`,
+		`dedup_pebble_flush_written_bytes_total`,
+		`dedup_pebble_compaction_read_bytes_total`,
+		`dedup_pebble_compaction_written_bytes_total`,
+		`dedup_pebble_wal_written_bytes_total`,
 		`go_goroutines`,
 		`dedup_tls_cert_expiry_timestamp_seconds{cert="node"} 1.9e+09`,
 	}

@@ -179,6 +179,24 @@ var nodeDescs = []desc{
 	pebbleGauge("dedup_pebble_compactions_in_progress", "Pebble compactions running.", func(m *pebble.Metrics) float64 { return float64(m.Compact.NumInProgress) }),
 	pebbleCounter("dedup_pebble_compactions_total", "Pebble compactions completed.", func(m *pebble.Metrics) float64 { return float64(m.Compact.Count) }),
 	pebbleCounter("dedup_pebble_flushes_total", "Pebble memtable flushes completed.", func(m *pebble.Metrics) float64 { return float64(m.Flush.Count) }),
+	pebbleCounter("dedup_pebble_flush_written_bytes_total", "Bytes Pebble wrote to sstables by memtable flushes.", func(m *pebble.Metrics) float64 {
+		return float64(m.Levels[0].TableBytesFlushed + m.Levels[0].BlobBytesFlushed)
+	}),
+	pebbleCounter("dedup_pebble_compaction_read_bytes_total", "Bytes Pebble read from sstables for compactions, all levels.", func(m *pebble.Metrics) float64 {
+		var n uint64
+		for i := range m.Levels {
+			n += m.Levels[i].TableBytesRead
+		}
+		return float64(n)
+	}),
+	pebbleCounter("dedup_pebble_compaction_written_bytes_total", "Bytes Pebble wrote to sstables by compactions, all levels (with the flush bytes and the WAL bytes: Pebble's write amplification).", func(m *pebble.Metrics) float64 {
+		var n uint64
+		for i := range m.Levels {
+			n += m.Levels[i].TableBytesCompacted + m.Levels[i].BlobBytesCompacted
+		}
+		return float64(n)
+	}),
+	pebbleCounter("dedup_pebble_wal_written_bytes_total", "Bytes Pebble wrote to its write-ahead log (the FSM's buffer commits).", func(m *pebble.Metrics) float64 { return float64(m.WAL.BytesWritten) }),
 	pebbleGauge("dedup_pebble_memtable_bytes", "Bytes in Pebble memtables.", func(m *pebble.Metrics) float64 { return float64(m.MemTable.Size) }),
 	pebbleGauge("dedup_pebble_live_sstable_bytes", "Bytes of live Pebble sstables.", func(m *pebble.Metrics) float64 { return float64(m.Table.Local.LiveSize) }),
 	pebbleGauge("dedup_pebble_range_deletion_garbage_bytes", "Estimated bytes covered by range deletions (expired buckets) not yet compacted away.", func(m *pebble.Metrics) float64 {
