@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# case-series.sh — a series of mark-new cases of different lengths on ONE
+# case-series.sh — a series of cases (mark-new unless a case names its
+# workload, as check-hit:10s) of different lengths on ONE
 # cluster of `serve` processes (fresh data dirs, loopback ports of THIS
 # machine), one markdown row per case: IDs/s, p99, server CPU per ID
 # (utime+stime of the node processes over the case, from /proc, over the
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
 	--label) LABEL=$2; shift 2 ;;
 	--profile-dir) PROFDIR=$2; shift 2 ;;
 	--serve-flags) SERVE_FLAGS=$2; shift 2 ;;
-	-h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "case-series.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -112,12 +113,14 @@ fi
 echo "| label | case | length | IDs | IDs/s | p99 ms | CPU µs/ID | WAL B/ID | flush B/ID | compact write B/ID | compact read B/ID | flushes | compactions | snapshots | live MiB/node | load 1 min |"
 echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 n=0
-for len in $CASES; do
+for c in $CASES; do
 	n=$((n + 1))
+	wl=mark-new len=$c
+	case "$c" in *:*) wl=${c%%:*} len=${c#*:} ;; esac
 	scrape "$WORK/m0"
 	[ -n "$PROFDIR" ] && kill -USR1 "${SPIDS[@]}"
 	c0=$(cpu_ticks "${SPIDS[@]}")
-	out=$("$BIN" bench --addr "$addrs" -w mark-new -c 50 -b "$BATCH" -d "$len" --warmup "$WARMUP" --conns 2 \
+	out=$("$BIN" bench --addr "$addrs" -w "$wl" -c 50 -b "$BATCH" -d "$len" --warmup "$WARMUP" --conns 2 \
 		--max-time 120s --no-progress -o json 2>>"$WORK/bench.log")
 	c1=$(cpu_ticks "${SPIDS[@]}")
 	[ -n "$PROFDIR" ] && kill -USR2 "${SPIDS[@]}"
@@ -126,7 +129,7 @@ for len in $CASES; do
 	rate=$(jq -r '.ids_per_sec | floor' <<<"$out")
 	p99=$(jq -r '.p99_ms' <<<"$out")
 	load=$(cut -d' ' -f1 /proc/loadavg)
-	paste -d' ' "$WORK/m0" "$WORK/m1" | awk -v label="$LABEL" -v n="$n" -v len="$len" -v ids="$ids" -v rate="$rate" \
+	paste -d' ' "$WORK/m0" "$WORK/m1" | awk -v label="$LABEL" -v n="$n" -v len="$c" -v ids="$ids" -v rate="$rate" \
 		-v p99="$p99" -v cpu=$((c1 - c0)) -v hz="$HZ" -v load="$load" -v k=8 '
 		{ for (i = 1; i <= k; i++) { d[i] += $(k + i) - $i }; if ($(k + 1 + 6) != $(1 + 6)) snaps++; live += $(2 * k) }
 		END {
