@@ -192,7 +192,7 @@ func TestInvariant2_NoLostMarks_LeaderLoss(t *testing.T) {
 		t.Fatal("closed node still leader")
 	}
 	for _, nd := range tc.live() {
-		c, err := nd.dedup.Check(ctx, &dedupv1.CheckRequest{Ids: append(append([][]byte{}, before...), after...)})
+		c, err := checkRetrying(ctx, nd.dedup, &dedupv1.CheckRequest{Ids: append(append([][]byte{}, before...), after...)})
 		if err != nil {
 			t.Fatal(err)
 		}
