@@ -51,6 +51,10 @@ var (
 	ErrNamespaceExists = errors.New("namespace already exists")
 	// ErrNodeNotFound: no member has the node ID.
 	ErrNodeNotFound = errors.New("node not found")
+	// ErrNotCaughtUp: Promote refused a node the leader cannot reach or
+	// that has not caught up (Error.Message says which and why); nothing
+	// changed. ForcePromote skips the check.
+	ErrNotCaughtUp = errors.New("node unreachable or not caught up")
 	// ErrInvalidArgument: the request was rejected before anything was
 	// applied; Error.Field names the field.
 	ErrInvalidArgument = errors.New("invalid argument")
@@ -229,6 +233,9 @@ func decodeStatus(e *Error, err error) {
 		return
 	case dedupv1.ReasonNodeNotFound:
 		e.Kind = ErrNodeNotFound
+		return
+	case dedupv1.ReasonNotCaughtUp:
+		e.Kind = ErrNotCaughtUp
 		return
 	case dedupv1.ReasonInvalidArgument:
 		e.Kind = ErrInvalidArgument

@@ -27,10 +27,22 @@ var ErrBackupDamaged = errors.New("backup stream is damaged: checksum mismatch")
 var errPartial = errors.New("stream broke after delivering data")
 
 // Promote makes the non-voter nodeID a voter at once (the leader does it by
-// itself once the node has caught up). Errors: ErrNodeNotFound.
+// itself once the node has caught up). The leader refuses a node it cannot
+// reach or that has not caught up. Errors: ErrNodeNotFound, ErrNotCaughtUp.
 func (c *Client) Promote(ctx context.Context, nodeID string) error {
+	return c.promote(ctx, nodeID, false)
+}
+
+// ForcePromote is Promote without the leader's check that the node is
+// reachable and caught up: a voter that is down costs the cluster the
+// failure it could otherwise survive.
+func (c *Client) ForcePromote(ctx context.Context, nodeID string) error {
+	return c.promote(ctx, nodeID, true)
+}
+
+func (c *Client) promote(ctx context.Context, nodeID string, force bool) error {
 	return c.invoke(ctx, "promote", toLeader, func(ctx context.Context, cc *grpc.ClientConn) error {
-		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, &dedupv1.PromoteRequest{NodeId: nodeID})
+		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, &dedupv1.PromoteRequest{NodeId: nodeID, Force: force})
 		return err
 	})
 }

@@ -28,6 +28,25 @@ var (
 	ErrBusy = errors.New("leader busy: raft did not accept the entry in time")
 )
 
+// ErrNotCaughtUp: Promote refused a node the leader cannot reach or that
+// has not caught up with the log; nothing changed. The error is a
+// *NotCaughtUpError naming the node and why.
+var ErrNotCaughtUp = errors.New("node is unreachable or has not caught up")
+
+// NotCaughtUpError says why Promote refused a node. It matches
+// ErrNotCaughtUp with errors.Is.
+type NotCaughtUpError struct {
+	ID     string
+	Reason string // "its applied index 12 is 400 entries behind ...", ...
+}
+
+func (e *NotCaughtUpError) Error() string {
+	return fmt.Sprintf("node %q is not promoted: %s", e.ID, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrNotCaughtUp) true.
+func (e *NotCaughtUpError) Unwrap() error { return ErrNotCaughtUp }
+
 // NotLeaderError says which node leads, if any is known. It matches
 // ErrNotLeader with errors.Is.
 type NotLeaderError struct {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -248,6 +249,14 @@ func (n *Node) promote(ctx context.Context, since map[raft.ServerID]time.Time) {
 }
 
 func (n *Node) caughtUp(ctx context.Context, s raft.Server) bool {
+	return n.lagging(ctx, s) == ""
+}
+
+// lagging says why the non-voter s is not ready to vote ("" if it is): the
+// leader cannot reach it, or its applied index is more than PromoteMaxLag
+// behind the commit index (with a Progress probe and a known client
+// address), or a heartbeat to it failed within the last PromoteAfter.
+func (n *Node) lagging(ctx context.Context, s raft.Server) string {
 	commit := n.raft.CommitIndex()
 	if n.cfg.Progress != nil {
 		if addr := n.fsm.Nodes()[string(s.ID)]; addr != "" {
@@ -255,13 +264,19 @@ func (n *Node) caughtUp(ctx context.Context, s raft.Server) bool {
 			defer cancel()
 			applied, err := n.cfg.Progress(pctx, string(s.ID), addr)
 			if err != nil {
-				return false
+				return fmt.Sprintf("the leader cannot reach it at %s (%v)", addr, err)
 			}
-			return applied+n.cfg.PromoteMaxLag >= commit
+			if applied+n.cfg.PromoteMaxLag < commit {
+				return fmt.Sprintf("it has not caught up: applied index %d, commit index %d (at most %d behind)", applied, commit, n.cfg.PromoteMaxLag)
+			}
+			return ""
 		}
 	}
 	n.hbMu.Lock()
 	last, failed := n.hbFail[s.ID]
 	n.hbMu.Unlock()
-	return !failed || time.Since(last) > n.cfg.PromoteAfter
+	if failed && time.Since(last) <= n.cfg.PromoteAfter {
+		return fmt.Sprintf("a Raft heartbeat to it at %s failed %s ago", s.Address, time.Since(last).Round(time.Millisecond))
+	}
+	return ""
 }

@@ -143,9 +143,14 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 // has caught up. Leader only; promoting a voter only proposes that
 // command.
 //
-// Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
-// error, or a raft error.
-func (n *Node) Promote(ctx context.Context, id string) error {
+// Unless force, a non-voter the leader cannot reach or that has not caught
+// up (as the leadership loop judges it) is refused with a
+// *NotCaughtUpError: a voter that is down, or far behind, costs the
+// cluster the failure it could otherwise survive.
+//
+// Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member),
+// *NotCaughtUpError, ctx's error, or a raft error.
+func (n *Node) Promote(ctx context.Context, id string, force bool) error {
 	if err := n.WaitReady(ctx); err != nil {
 		return err
 	}
@@ -161,6 +166,11 @@ func (n *Node) Promote(ctx context.Context, id string) error {
 	}
 	if srv == nil {
 		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
+	}
+	if srv.Suffrage != raft.Voter && !force {
+		if why := n.lagging(ctx, *srv); why != "" {
+			return &NotCaughtUpError{ID: id, Reason: why}
+		}
 	}
 	if srv.Suffrage != raft.Voter && n.fsm.NodeRole(id) != fsm.RoleMember {
 		res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNodeRole, Node: fsm.NodeInfo{ID: id, Role: fsm.RoleMember}}})

@@ -39,7 +39,7 @@ func TestReadIndex_ReplicaAloneDoesNotConfirmLeader(t *testing.T) {
 		if id == "r1" {
 			err = n1.JoinReplica(ctx, id, n.RaftAddr(), "127.0.0.1:1")
 		} else if err = n1.Join(ctx, id, n.RaftAddr(), "127.0.0.1:1"); err == nil {
-			err = n1.Promote(ctx, id)
+			err = n1.Promote(ctx, id, true)
 		}
 		if err != nil {
 			t.Fatalf("add %s: %v", id, err)

@@ -51,6 +51,7 @@ var errorTable = []errorRule{
 	{fsm.ErrNamespaceNotFound, codes.NotFound, dedupv1.ReasonNamespaceNotFound, "create it first (dedupnode namespace create)", ""},
 	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
 	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
+	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or let it catch up (see its applied index in 'dedupnode status --addr' of the node), or promote with force", ""},
 	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
 	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
 	// ErrOutcomeUnknown's own text says "retry with the same request token".

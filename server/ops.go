@@ -29,7 +29,7 @@ func (o *opsServer) Promote(ctx context.Context, req *dedupv1.PromoteRequest) (*
 	}
 	s := o.s
 	err := s.onLeader(ctx, func(ctx context.Context) error {
-		return s.node.Promote(ctx, req.NodeId)
+		return s.node.Promote(ctx, req.NodeId, req.Force)
 	}, func(ctx context.Context, cc *grpc.ClientConn) error {
 		_, err := dedupv1.NewOpsClient(cc).Promote(ctx, req)
 		return err

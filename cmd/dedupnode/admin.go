@@ -312,13 +312,18 @@ addresses, and which one leads. --output json prints one object per member.`,
 func newJoinCmd(e *env) *cobra.Command {
 	f := &clientFlags{}
 	var id, raftAddr, grpcAddr string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "join --node-id ID --raft-addr HOST:PORT --grpc-addr HOST:PORT [flags]",
 		Short: "Add a running node to the cluster (as a non-voter, promoted once caught up)",
 		Long: `Join asks the cluster at --addr to add the node with the given ID and
 addresses. The node enters as a non-voter and the leader promotes it to
 voter once it has caught up. A node started with 'serve --join ADDR' does
-this by itself; use this command for nodes started without it.`,
+this by itself; use this command for nodes started without it.
+
+Start the node first: join asks the node at --grpc-addr for its status and
+refuses (exit 1, nothing changed) when no dedupnode node answers there or
+the one that does has another ID. --force adds the node without asking.`,
 		Example: strings.ReplaceAll(`  dedupnode join --addr 127.0.0.1:7070 --node-id n4 --raft-addr 10.0.0.4:7000 --grpc-addr 10.0.0.4:7070`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
@@ -328,6 +333,12 @@ this by itself; use this command for nodes started without it.`,
 			c, err := f.dial(e.ctx, cmd)
 			if err != nil {
 				return explain(err, f, "")
+			}
+			if !force {
+				if err := checkJoiner(e, f, id, grpcAddr); err != nil {
+					c.Close()
+					return err
+				}
 			}
 			defer c.Close()
 			ctx, cancel := f.withTimeout(e.ctx)
@@ -343,7 +354,42 @@ this by itself; use this command for nodes started without it.`,
 	cmd.Flags().StringVar(&id, "node-id", "", "`ID` of the node to add (unique across all time)")
 	cmd.Flags().StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` of the node, as the others reach it")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "", "gRPC `HOST:PORT` of the node, as clients reach it")
+	cmd.Flags().BoolVar(&force, "force", false, "add the node without checking that it answers at --grpc-addr with --node-id")
 	return cmd
+}
+
+// checkJoiner checks that a dedupnode node with ID id answers at grpcAddr
+// (one Status, with the CLI's connection flags, within --timeout).
+func checkJoiner(e *env, f *clientFlags, id, grpcAddr string) error {
+	conn, err := f.connOptions()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.withTimeout(e.ctx)
+	defer cancel()
+	hint := fmt.Sprintf("start the node first (serve --node-id %s --grpc-addr %s ...) and check --grpc-addr, or pass --force to add it anyway", id, grpcAddr)
+	pc, err := client.New(ctx, []string{grpcAddr}, append([]client.Option{client.WithPinnedNode(), client.WithRetry(1, 0, 0),
+		client.WithTimeout(min(f.timeout, 10*time.Second))}, conn...)...)
+	var st client.Status
+	if err == nil {
+		st, err = pc.StatusOf(ctx, grpcAddr)
+		pc.Close()
+	}
+	if err != nil {
+		what := client.AsError(err).Message
+		if what == "" {
+			what = err.Error()
+		}
+		if h := tlsHint(err); h != "" {
+			hint = h + "; or pass --force to add the node without asking it"
+		}
+		return &opError{err: fmt.Errorf("no dedupnode node answers at --grpc-addr %s (%s); nothing changed", grpcAddr, what), hint: hint}
+	}
+	if st.NodeID != id {
+		return &opError{err: fmt.Errorf("the node at --grpc-addr %s is %q, not %q; nothing changed", grpcAddr, st.NodeID, id),
+			hint: "check --node-id and --grpc-addr, or pass --force to add it anyway"}
+	}
+	return nil
 }
 
 func newRemoveCmd(e *env) *cobra.Command {

@@ -282,6 +282,9 @@ func explain(err error, f *clientFlags, namespace string) error {
 		return &opError{err: errors.New(msg), hint: "check the name"}
 	case client.ErrNodeNotFound:
 		return &opError{err: errors.New(msg), hint: "check the node ID (see 'dedupnode status')"}
+	case client.ErrNotCaughtUp:
+		return &opError{err: fmt.Errorf("%s; nothing changed", msg),
+			hint: "start the node and let it catch up (see 'dedupnode members' and 'dedupnode status --addr NODE'), or pass --force to promote it anyway"}
 	case client.ErrInvalidArgument:
 		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "fix the input and retry"}
 	case client.ErrTooLarge:

@@ -50,6 +50,7 @@ func newBar(w io.Writer, total int64, desc string, bytes bool) *progressbar.Prog
 
 func newPromoteCmd(e *env) *cobra.Command {
 	f := &clientFlags{}
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "promote [flags] NODE_ID",
 		Short: "Make a non-voter a voter now",
@@ -58,7 +59,12 @@ promotes a joined node by itself once it has caught up; use this to skip
 the wait (the node still catches up as a voter, and the cluster's quorum
 grows with it at once). A read replica (serve --read-replica) is never
 promoted by the leader: this is the only way to make it a voter, and it
-then votes and counts toward every commit like any voter.`,
+then votes and counts toward every commit like any voter.
+
+The leader refuses (exit 1, nothing changed) a node it cannot reach at its
+gRPC address or whose applied index is too far behind the commit index:
+a voter that is down costs the cluster the failure it could otherwise
+survive. --force promotes it anyway.`,
 		Example: strings.ReplaceAll(`  dedupnode promote --addr 127.0.0.1:7070 n4`, "dedupnode ", e.progName+" "),
 		Args:    cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
@@ -69,7 +75,11 @@ then votes and counts toward every commit like any voter.`,
 			defer c.Close()
 			ctx, cancel := f.withTimeout(e.ctx)
 			defer cancel()
-			err = c.Promote(ctx, args[0])
+			if force {
+				err = c.ForcePromote(ctx, args[0])
+			} else {
+				err = c.Promote(ctx, args[0])
+			}
 			if err != nil {
 				return explain(err, f, "")
 			}
@@ -77,6 +87,7 @@ then votes and counts toward every commit like any voter.`,
 		}),
 	}
 	f.register(cmd)
+	cmd.Flags().BoolVar(&force, "force", false, "promote even a node the leader cannot reach or that has not caught up")
 	return cmd
 }
 

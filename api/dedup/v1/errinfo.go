@@ -48,6 +48,11 @@ const (
 	// one Raft entry may be (--max-entry-bytes); nothing was written.
 	// Metadata: MetaBytes, MetaMaxBytes. Split the request.
 	ReasonEntryTooLarge = "ENTRY_TOO_LARGE"
+	// ReasonNotCaughtUp (FAILED_PRECONDITION): Promote refused a node the
+	// leader cannot reach or that has not caught up; nothing changed. The
+	// message names the node and why. Start the node or wait, or promote
+	// with force.
+	ReasonNotCaughtUp = "NODE_NOT_CAUGHT_UP"
 )
 
 // ErrorInfo metadata keys.

@@ -121,8 +121,13 @@ func (*SetClusterSettingResponse) Descriptor() ([]byte, []int) {
 }
 
 type PromoteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Promote even a node the leader cannot reach or that has not caught up
+	// (its applied index within the promotion lag of the commit index).
+	// Without it such a node is refused with FAILED_PRECONDITION
+	// (NODE_NOT_CAUGHT_UP): a dead voter costs the cluster a failure.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -162,6 +167,13 @@ func (x *PromoteRequest) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *PromoteRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type PromoteResponse struct {
@@ -743,9 +755,10 @@ const file_dedup_v1_ops_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
 	"\x05unset\x18\x03 \x01(\bR\x05unset\"\x1b\n" +
-	"\x19SetClusterSettingResponse\")\n" +
+	"\x19SetClusterSettingResponse\"?\n" +
 	"\x0ePromoteRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x11\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +
 	"\x0fPromoteResponse\"\x0f\n" +
 	"\rBackupRequest\"K\n" +
 	"\vBackupChunk\x12\x12\n" +

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupnode/dedupnode/internal/devcluster"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
+)
+
+// suffrageIn returns id's suffrage as 'members --output json' lists it at
+// addr, "" when id is no member.
+func suffrageIn(t *testing.T, ctx context.Context, addr, id string) string {
+	t.Helper()
+	code, out, errb := runCLI(t, ctx, "", "members", "--addr", addr, "--output", "json")
+	if code != 0 {
+		t.Fatalf("members: exit %d %s", code, errb)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.Contains(line, `"id":"`+id+`"`) {
+			for _, s := range []string{"nonvoter", "voter", "replica"} {
+				if strings.Contains(line, `"suffrage":"`+s+`"`) {
+					return s
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// join refuses a node that does not answer at --grpc-addr (nothing
+// changes) unless --force; promote refuses a node the leader cannot reach
+// unless --force; a running node joins and is promoted.
+func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := testcluster.New(t, devcluster.Config{Nodes: 3})
+	addr := cl.Addrs()[0]
+	deadRaft, deadGRPC := closedAddr(t), closedAddr(t)
+	join := []string{"join", "--addr", addr, "--node-id", "r3", "--raft-addr", deadRaft, "--grpc-addr", deadGRPC, "--timeout", "10s"}
+
+	code, _, errb := runCLI(t, ctx, "", join...)
+	if code != exitError || !strings.Contains(errb, "no dedupnode node answers at --grpc-addr "+deadGRPC) || !strings.Contains(errb, "--force") {
+		t.Fatalf("join of a node that is not running: exit %d, stderr %q", code, errb)
+	}
+	if s := suffrageIn(t, ctx, addr, "r3"); s != "" {
+		t.Fatalf("refused join: r3 is a %s", s)
+	}
+
+	if code, _, errb = runCLI(t, ctx, "", append(join, "--force")...); code != 0 {
+		t.Fatalf("join --force: exit %d %s", code, errb)
+	}
+	if s := suffrageIn(t, ctx, addr, "r3"); s != "nonvoter" {
+		t.Fatalf("after join --force: r3 is %q, want nonvoter", s)
+	}
+	code, _, errb = runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "10s", "r3")
+	if code != exitError || !strings.Contains(errb, `"r3"`) || !strings.Contains(errb, "cannot reach it at "+deadGRPC) || !strings.Contains(errb, "--force") {
+		t.Fatalf("promote of a node that is not running: exit %d, stderr %q", code, errb)
+	}
+	if s := suffrageIn(t, ctx, addr, "r3"); s != "nonvoter" {
+		t.Fatalf("refused promote: r3 is %q", s)
+	}
+	// Three voters up of four: a quorum still.
+	if code, _, errb = runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "20s", "--force", "r3"); code != 0 {
+		t.Fatalf("promote --force: exit %d %s", code, errb)
+	}
+	if s := suffrageIn(t, ctx, addr, "r3"); s != "voter" {
+		t.Fatalf("after promote --force: r3 is %q, want voter", s)
+	}
+	if code, _, errb = runCLI(t, ctx, "", "remove", "--addr", addr, "--timeout", "20s", "r3"); code != 0 {
+		t.Fatalf("remove r3: exit %d %s", code, errb)
+	}
+
+	// A running node that waits to be added: join asks it, then it joins;
+	// promote succeeds once it has caught up.
+	i, err := cl.Add(ctx, devcluster.AddConfig{ID: "n4", NoJoin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n4 := cl.Nodes()[i]
+	wrongID := []string{"join", "--addr", addr, "--node-id", "n5", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s"}
+	if code, _, errb = runCLI(t, ctx, "", wrongID...); code != exitError || !strings.Contains(errb, `is "n4", not "n5"`) {
+		t.Fatalf("join naming the wrong ID: exit %d, stderr %q", code, errb)
+	}
+	if code, _, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s"); code != 0 {
+		t.Fatalf("join of a running node: exit %d %s", code, errb)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "n4 promoted", func() bool {
+		if suffrageIn(t, ctx, addr, "n4") == "voter" {
+			return true // the leader promoted it by itself
+		}
+		code, _, _ := runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "5s", "n4")
+		return code == 0
+	})
+}
