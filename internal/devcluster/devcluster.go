@@ -390,11 +390,7 @@ func (c *Cluster) allKnow(leader string) bool {
 // calls drain, a leader hands off leadership first). No-op when the node
 // is down.
 func (c *Cluster) Stop(ctx context.Context, i int) error {
-	c.mu.Lock()
-	nd := c.nodes[i]
-	srv := nd.srv
-	nd.srv = nil
-	c.mu.Unlock()
+	nd, srv := c.detach(i)
 	if srv == nil {
 		return nil
 	}
@@ -410,11 +406,7 @@ func (c *Cluster) Stop(ctx context.Context, i int) error {
 // committed but not yet answered get no answer from this node. No-op when
 // the node is down.
 func (c *Cluster) Kill(i int) error {
-	c.mu.Lock()
-	nd := c.nodes[i]
-	srv := nd.srv
-	nd.srv = nil
-	c.mu.Unlock()
+	nd, srv := c.detach(i)
 	if srv == nil {
 		return nil
 	}
@@ -427,6 +419,17 @@ func (c *Cluster) Kill(i int) error {
 		return fmt.Errorf("kill %s: %w", nd.ID, err)
 	}
 	return nil
+}
+
+// detach marks node i down and returns its server (nil when it was down
+// already), for the caller to stop outside the lock.
+func (c *Cluster) detach(i int) (*node, *server.Server) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	srv := nd.srv
+	nd.srv = nil
+	return nd, srv
 }
 
 // KillLeader waits for a ready leader, kills it (see Kill) and returns its
