@@ -343,8 +343,22 @@ the one that does has another ID. --force adds the node without asking.`,
 			defer c.Close()
 			ctx, cancel := f.withTimeout(e.ctx)
 			defer cancel()
+			// Join is idempotent: say so when the node was a member already
+			// rather than claim it joined (it may well be a voter).
+			var was string
+			if st, err := c.Status(ctx); err == nil {
+				for _, m := range st.Members {
+					if m.ID == id && m.RaftAddr == raftAddr {
+						was = m.Suffrage
+					}
+				}
+			}
 			if err := c.Join(ctx, id, raftAddr, grpcAddr); err != nil {
 				return explain(err, f, "")
+			}
+			if was != "" {
+				return report(e.stdout, f.output, map[string]any{"joined": id, "raft_addr": raftAddr, "grpc_addr": grpcAddr, "already_member": was},
+					"%s is a member already (%s); nothing changed", id, was)
 			}
 			return report(e.stdout, f.output, map[string]any{"joined": id, "raft_addr": raftAddr, "grpc_addr": grpcAddr},
 				"%s joined as a non-voter; it becomes a voter once caught up (see '%s members')", id, e.progName)

@@ -281,7 +281,7 @@ func explain(err error, f *clientFlags, namespace string) error {
 		}
 		return &opError{err: errors.New(msg), hint: "check the name"}
 	case client.ErrNodeNotFound:
-		return &opError{err: errors.New(msg), hint: "check the node ID (see 'dedupnode status')"}
+		return &opError{err: errors.New(msg), hint: "check the node ID (see 'dedupnode members')"}
 	case client.ErrNotCaughtUp:
 		return &opError{err: fmt.Errorf("%s; nothing changed", msg),
 			hint: "start the node and let it catch up (see 'dedupnode members' and 'dedupnode status --addr NODE'), or pass --force to promote it anyway"}

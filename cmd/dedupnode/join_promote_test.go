@@ -94,4 +94,12 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 		code, _, _ := runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "5s", "n4")
 		return code == 0
 	})
+	// Joining it again changes nothing, and says so.
+	code, out, errb := runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s")
+	if code != 0 || !strings.Contains(out, "n4 is a member already (voter); nothing changed") {
+		t.Fatalf("join of a voter: exit %d, stdout %q, stderr %q", code, out, errb)
+	}
+	if s := suffrageIn(t, ctx, addr, "n4"); s != "voter" {
+		t.Fatalf("after joining a voter again: n4 is %q", s)
+	}
 }
