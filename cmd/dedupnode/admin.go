@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,29 +16,28 @@ import (
 // firstStatus returns the view of the first node in --addr order that
 // answers.
 func firstStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
-	c, err := f.dial(e.ctx, cmd)
-	if err != nil {
-		return client.Status{}, explain(err, f, "")
-	}
-	defer c.Close()
-	ctx, cancel := f.withTimeout(e.ctx)
-	defer cancel()
-	for _, a := range f.addrs {
-		st, err := c.StatusOf(ctx, a)
-		if err == nil {
-			return st, nil
+	var st client.Status
+	err := f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+		for _, a := range f.addrs {
+			s, err := c.StatusOf(ctx, a)
+			if err == nil {
+				st = s
+				return nil
+			}
+			if !client.Heals(err) {
+				return explain(err, f, "")
+			}
 		}
-		if !client.Heals(err) {
-			return client.Status{}, explain(err, f, "")
+		// None of the given addresses answered at once: let the client
+		// retry across every node it knows until --timeout.
+		s, err := c.Status(ctx)
+		if err != nil {
+			return explain(err, f, "")
 		}
-	}
-	// None of the given addresses answered at once: let the client retry
-	// across every node it knows until --timeout.
-	st, err := c.Status(ctx)
-	if err != nil {
-		return client.Status{}, explain(err, f, "")
-	}
-	return st, nil
+		st = s
+		return nil
+	})
+	return st, err
 }
 
 func newStatusCmd(e *env) *cobra.Command {
@@ -95,13 +95,16 @@ starting or restarting a node, before taking down the next one.`,
 // has applied the log up to the leader's commit index (read from the
 // leader once, when the leader first becomes known), or --timeout passes.
 func waitStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
-	c, err := f.dial(e.ctx, cmd)
-	if err != nil {
-		return client.Status{}, explain(err, f, "")
-	}
-	defer c.Close()
-	ctx, cancel := f.withTimeout(e.ctx)
-	defer cancel()
+	var st client.Status
+	err := f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) (err error) {
+		st, err = waitCaughtUp(ctx, e, f, c)
+		return err
+	})
+	return st, err
+}
+
+// waitCaughtUp is waitStatus's loop, with c until ctx (--timeout) ends.
+func waitCaughtUp(ctx context.Context, e *env, f *clientFlags, c *client.Client) (client.Status, error) {
 	addr := f.addrs[0]
 	var (
 		st      client.Status
@@ -417,17 +420,12 @@ remaining voters up. A removed node's ID must not be reused.`,
 		Example: strings.ReplaceAll(`  dedupnode remove --addr 127.0.0.1:7070 n3`, "dedupnode ", e.progName+" "),
 		Args:    cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			c, err := f.dial(e.ctx, cmd)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			defer c.Close()
-			ctx, cancel := f.withTimeout(e.ctx)
-			defer cancel()
-			if err := c.Remove(ctx, args[0]); err != nil {
-				return explain(err, f, "")
-			}
-			return report(e.stdout, f.output, map[string]any{"removed": args[0]}, "%s removed", args[0])
+			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+				if err := c.Remove(ctx, args[0]); err != nil {
+					return explain(err, f, "")
+				}
+				return report(e.stdout, f.output, map[string]any{"removed": args[0]}, "%s removed", args[0])
+			})
 		}),
 	}
 	f.register(cmd)
@@ -451,24 +449,19 @@ NODE_ID leads already, it says so and exits 0.`,
 			if len(args) == 1 {
 				target = args[0]
 			}
-			c, err := f.dial(e.ctx, cmd)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			defer c.Close()
-			ctx, cancel := f.withTimeout(e.ctx)
-			defer cancel()
-			if target != "" {
-				if st, err := c.Status(ctx); err == nil && st.LeaderID == target {
-					// What was asked for holds already.
-					return report(e.stdout, f.output, map[string]any{"new_leader_id": target}, "%s already leads", target)
+			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+				if target != "" {
+					if st, err := c.Status(ctx); err == nil && st.LeaderID == target {
+						// What was asked for holds already.
+						return report(e.stdout, f.output, map[string]any{"new_leader_id": target}, "%s already leads", target)
+					}
 				}
-			}
-			leader, err := c.TransferLeadership(ctx, target)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			return report(e.stdout, f.output, map[string]any{"new_leader_id": leader}, "leader is now %s", leader)
+				leader, err := c.TransferLeadership(ctx, target)
+				if err != nil {
+					return explain(err, f, "")
+				}
+				return report(e.stdout, f.output, map[string]any{"new_leader_id": leader}, "leader is now %s", leader)
+			})
 		}),
 	}
 	f.register(cmd)

@@ -206,6 +206,22 @@ func (f *clientFlags) withTimeout(ctx context.Context) (context.Context, context
 	return context.WithTimeout(ctx, f.timeout)
 }
 
+// call is the preamble of a command that sends one request (with its
+// retries): it dials a client from the flags, then runs fn with it under
+// one --timeout that starts once the client is up. A dial error comes back
+// explained; fn's error comes back as it is, for fn knows which namespace
+// or node its request named and explains its own errors.
+func (f *clientFlags) call(ctx context.Context, cmd *cobra.Command, fn func(ctx context.Context, c *client.Client) error) error {
+	c, err := f.dial(ctx, cmd)
+	if err != nil {
+		return explain(err, f, "")
+	}
+	defer c.Close()
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	return fn(ctx, c)
+}
+
 // explain turns a client error into an operational error: one short line
 // saying what happened (the node's own message, without the client's and
 // gRPC's wrapping) and a hint saying what to do. It reads the client's

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"strings"
 
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/spf13/cobra"
 )
 
@@ -37,20 +39,15 @@ after that, this command changes it (a cleared setting stays cleared).`,
 			if len(args) == 2 {
 				value = args[1]
 			}
-			c, err := f.dial(e.ctx, cmd)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			defer c.Close()
-			ctx, cancel := f.withTimeout(e.ctx)
-			defer cancel()
-			if err := c.SetClusterSetting(ctx, args[0], value, unset); err != nil {
-				return explain(err, f, "")
-			}
-			if unset {
-				return report(e.stdout, f.output, map[string]any{"name": args[0], "unset": true}, "%s cleared", args[0])
-			}
-			return report(e.stdout, f.output, map[string]any{"name": args[0], "value": value}, "%s = %s", args[0], value)
+			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+				if err := c.SetClusterSetting(ctx, args[0], value, unset); err != nil {
+					return explain(err, f, "")
+				}
+				if unset {
+					return report(e.stdout, f.output, map[string]any{"name": args[0], "unset": true}, "%s cleared", args[0])
+				}
+				return report(e.stdout, f.output, map[string]any{"name": args[0], "value": value}, "%s = %s", args[0], value)
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&unset, "unset", false, "clear the setting")

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/internal/replicacheck"
 )
 
@@ -66,75 +67,70 @@ not answer, or no common applied index was seen within --timeout.`,
 			if err != nil {
 				return err
 			}
-			c, err := f.dial(e.ctx, cmd)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			defer c.Close()
-			var nodes []string
-			addrs := map[string]string{}
-			for _, m := range st.Members {
-				nodes = append(nodes, m.ID)
-				addrs[m.ID] = m.GRPCAddr
-			}
-			if len(nodes) == 0 {
-				return &opError{err: errors.New("the cluster lists no members")}
-			}
-			ask := func(ctx context.Context, node string) (*dedupv1.DigestResponse, error) {
-				if addrs[node] == "" {
-					return nil, errors.New("no gRPC address known for this member")
+			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+				var nodes []string
+				addrs := map[string]string{}
+				for _, m := range st.Members {
+					nodes = append(nodes, m.ID)
+					addrs[m.ID] = m.GRPCAddr
 				}
-				r, err := c.DigestOf(ctx, addrs[node])
-				if err != nil {
-					// Explained with this member's address, not --addr's.
-					nf := &clientFlags{addrs: []string{addrs[node]}, timeout: f.timeout, output: f.output,
-						tlsCA: f.tlsCA, tlsCert: f.tlsCert, tlsKey: f.tlsKey, token: f.token}
-					return nil, explain(err, nf, "")
+				if len(nodes) == 0 {
+					return &opError{err: errors.New("the cluster lists no members")}
 				}
-				return r, nil
-			}
-			ctx, cancel := f.withTimeout(e.ctx)
-			defer cancel()
-			res := replicacheck.Compare(ctx, nodes, ask, replicacheck.Options{Interval: interval})
-			if f.output == "json" {
-				out := map[string]any{"agree": res.Agree, "same_index": res.SameIndex, "rounds": res.Rounds}
-				if res.SameIndex {
-					out["applied_index"] = res.Index
-				}
-				var list []digestNodeJSON
-				for _, a := range res.Answers {
-					n := digestNodeJSON{NodeID: a.Node, Addr: addrs[a.Node]}
-					if a.Err != nil {
-						n.Error = oneLine(a.Err.Error())
-					} else {
-						n.AppliedIndex, n.AppliedTerm, n.Records, n.Keys = a.Resp.AppliedIndex, a.Resp.AppliedTerm, a.Resp.Records, a.Resp.Keys
-						n.LastAppliedUnixMs, n.Digest = a.Resp.LastAppliedUnixMs, replicacheck.Hex(a.Resp.Digest)
+				ask := func(ctx context.Context, node string) (*dedupv1.DigestResponse, error) {
+					if addrs[node] == "" {
+						return nil, errors.New("no gRPC address known for this member")
 					}
-					list = append(list, n)
-				}
-				out["nodes"] = list
-				if err := writeJSON(e.stdout, out); err != nil {
-					return err
-				}
-			} else {
-				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tADDR\tAPPLIED_INDEX\tRECORDS\tDIGEST")
-				for _, a := range res.Answers {
-					if a.Err != nil {
-						fmt.Fprintf(tw, "%s\t%s\t-\t-\terror: %s\n", a.Node, addrs[a.Node], oneLine(a.Err.Error()))
-						continue
+					r, err := c.DigestOf(ctx, addrs[node])
+					if err != nil {
+						// Explained with this member's address, not --addr's.
+						nf := &clientFlags{addrs: []string{addrs[node]}, timeout: f.timeout, output: f.output,
+							tlsCA: f.tlsCA, tlsCert: f.tlsCert, tlsKey: f.tlsKey, token: f.token}
+						return nil, explain(err, nf, "")
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", a.Node, addrs[a.Node], a.Resp.AppliedIndex, a.Resp.Records, replicacheck.Hex(a.Resp.Digest))
+					return r, nil
 				}
-				tw.Flush()
-				if res.Agree {
-					fmt.Fprintf(e.stdout, "agree: %d replicas, same digest at applied index %d\n", len(res.Answers), res.Index)
+				res := replicacheck.Compare(ctx, nodes, ask, replicacheck.Options{Interval: interval})
+				if f.output == "json" {
+					out := map[string]any{"agree": res.Agree, "same_index": res.SameIndex, "rounds": res.Rounds}
+					if res.SameIndex {
+						out["applied_index"] = res.Index
+					}
+					var list []digestNodeJSON
+					for _, a := range res.Answers {
+						n := digestNodeJSON{NodeID: a.Node, Addr: addrs[a.Node]}
+						if a.Err != nil {
+							n.Error = oneLine(a.Err.Error())
+						} else {
+							n.AppliedIndex, n.AppliedTerm, n.Records, n.Keys = a.Resp.AppliedIndex, a.Resp.AppliedTerm, a.Resp.Records, a.Resp.Keys
+							n.LastAppliedUnixMs, n.Digest = a.Resp.LastAppliedUnixMs, replicacheck.Hex(a.Resp.Digest)
+						}
+						list = append(list, n)
+					}
+					out["nodes"] = list
+					if err := writeJSON(e.stdout, out); err != nil {
+						return err
+					}
+				} else {
+					tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NODE\tADDR\tAPPLIED_INDEX\tRECORDS\tDIGEST")
+					for _, a := range res.Answers {
+						if a.Err != nil {
+							fmt.Fprintf(tw, "%s\t%s\t-\t-\terror: %s\n", a.Node, addrs[a.Node], oneLine(a.Err.Error()))
+							continue
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", a.Node, addrs[a.Node], a.Resp.AppliedIndex, a.Resp.Records, replicacheck.Hex(a.Resp.Digest))
+					}
+					tw.Flush()
+					if res.Agree {
+						fmt.Fprintf(e.stdout, "agree: %d replicas, same digest at applied index %d\n", len(res.Answers), res.Index)
+					}
 				}
-			}
-			if !res.Agree {
-				return &opError{err: errors.New(res.Summary())}
-			}
-			return nil
+				if !res.Agree {
+					return &opError{err: errors.New(res.Summary())}
+				}
+				return nil
+			})
 		}),
 	}
 	f.register(cmd)

@@ -111,20 +111,19 @@ window) is a namespace whose TTL is the window.`,
 		},
 	}
 
-	withClient := func(f *clientFlags, cmd *cobra.Command, name string, fn func(c *client.Client) ([]client.Namespace, error)) error {
-		c, err := f.dial(e.ctx, cmd)
-		if err != nil {
-			return explain(err, f, "")
-		}
-		defer c.Close()
-		nss, err := fn(c)
-		if err != nil {
-			return explainNS(err, f, name)
-		}
-		if nss == nil {
-			return nil
-		}
-		return printNamespaces(e.stdout, f.output, nss)
+	// withClient runs fn under f.call and prints the namespaces it returns
+	// (none when nil).
+	withClient := func(f *clientFlags, cmd *cobra.Command, name string, fn func(ctx context.Context, c *client.Client) ([]client.Namespace, error)) error {
+		return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+			nss, err := fn(ctx, c)
+			if err != nil {
+				return explainNS(err, f, name)
+			}
+			if nss == nil {
+				return nil
+			}
+			return printNamespaces(e.stdout, f.output, nss)
+		})
 	}
 
 	// writeNS is create's and update's RunE: the namespace named by the
@@ -135,9 +134,7 @@ window) is a namespace whose TTL is the window.`,
 			if err != nil {
 				return err
 			}
-			return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
-				ctx, cancel := f.withTimeout(e.ctx)
-				defer cancel()
+			return withClient(f, cmd, args[0], func(ctx context.Context, c *client.Client) ([]client.Namespace, error) {
 				n, err := op(c, ctx, ns)
 				return []client.Namespace{n}, err
 			})
@@ -182,9 +179,7 @@ creates namespaces with default settings on first use.`,
 			Example: ex(`  dedupnode namespace describe default --output json`),
 			Args:    cobra.ExactArgs(1),
 			RunE: runE(func(cmd *cobra.Command, args []string) error {
-				return withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
-					ctx, cancel := f.withTimeout(e.ctx)
-					defer cancel()
+				return withClient(f, cmd, args[0], func(ctx context.Context, c *client.Client) ([]client.Namespace, error) {
 					n, err := c.DescribeNamespace(ctx, args[0])
 					return []client.Namespace{n}, err
 				})
@@ -201,9 +196,7 @@ creates namespaces with default settings on first use.`,
 			Example: ex(`  dedupnode namespace list`),
 			Args:    cobra.NoArgs,
 			RunE: runE(func(cmd *cobra.Command, _ []string) error {
-				return withClient(f, cmd, "", func(c *client.Client) ([]client.Namespace, error) {
-					ctx, cancel := f.withTimeout(e.ctx)
-					defer cancel()
+				return withClient(f, cmd, "", func(ctx context.Context, c *client.Client) ([]client.Namespace, error) {
 					nss, err := c.ListNamespaces(ctx)
 					if nss == nil && err == nil {
 						nss = []client.Namespace{}
@@ -223,9 +216,7 @@ creates namespaces with default settings on first use.`,
 			Example: ex(`  dedupnode namespace delete orders`),
 			Args:    cobra.ExactArgs(1),
 			RunE: runE(func(cmd *cobra.Command, args []string) error {
-				err := withClient(f, cmd, args[0], func(c *client.Client) ([]client.Namespace, error) {
-					ctx, cancel := f.withTimeout(e.ctx)
-					defer cancel()
+				err := withClient(f, cmd, args[0], func(ctx context.Context, c *client.Client) ([]client.Namespace, error) {
 					return nil, c.DeleteNamespace(ctx, args[0])
 				})
 				if err != nil {

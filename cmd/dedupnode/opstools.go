@@ -68,22 +68,18 @@ survive. --force promotes it anyway.`,
 		Example: strings.ReplaceAll(`  dedupnode promote --addr 127.0.0.1:7070 n4`, "dedupnode ", e.progName+" "),
 		Args:    cobra.ExactArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			c, err := f.dial(e.ctx, cmd)
-			if err != nil {
-				return explain(err, f, "")
-			}
-			defer c.Close()
-			ctx, cancel := f.withTimeout(e.ctx)
-			defer cancel()
-			if force {
-				err = c.ForcePromote(ctx, args[0])
-			} else {
-				err = c.Promote(ctx, args[0])
-			}
-			if err != nil {
-				return explain(err, f, "")
-			}
-			return report(e.stdout, f.output, map[string]any{"promoted": args[0]}, "%s is a voter", args[0])
+			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
+				var err error
+				if force {
+					err = c.ForcePromote(ctx, args[0])
+				} else {
+					err = c.Promote(ctx, args[0])
+				}
+				if err != nil {
+					return explain(err, f, "")
+				}
+				return report(e.stdout, f.output, map[string]any{"promoted": args[0]}, "%s is a voter", args[0])
+			})
 		}),
 	}
 	f.register(cmd)
