@@ -32,22 +32,15 @@ while [ $# -gt 0 ]; do
 	--batches) BATCHES=$2; shift 2 ;;
 	--stores) STORES=$2; shift 2 ;;
 	--builds) BUILDS=$2; shift 2 ;;
-	-h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "ab-logstore.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 command -v jq >/dev/null || { echo "ab-logstore.sh: needs jq" >&2; exit 1; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ab-logstore.XXXXXX") || exit 1
-PIDS=()
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib/cleanup.sh
+. "$ROOT/scripts/lib/cleanup.sh" || { rm -rf "$WORK"; exit 1; }
 
 if [ -z "$BUILDS" ]; then
 	BIN=${DEDUPNODE_BIN:-}

@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
 	--label) LABEL=$2; shift 2 ;;
 	--profile-dir) PROFDIR=$2; shift 2 ;;
 	--serve-flags) SERVE_FLAGS=$2; shift 2 ;;
-	-h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "case-series.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -49,15 +49,8 @@ command -v jq >/dev/null || { echo "case-series.sh: needs jq" >&2; exit 1; }
 command -v curl >/dev/null || { echo "case-series.sh: needs curl" >&2; exit 1; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/case-series.XXXXXX") || exit 1
-PIDS=()
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib/cleanup.sh
+. "$ROOT/scripts/lib/cleanup.sh" || { rm -rf "$WORK"; exit 1; }
 
 if [ -z "$BIN" ]; then
 	(cd "$ROOT" && go build -o "$WORK/dedupnode" ./cmd/dedupnode) || exit 1
