@@ -52,8 +52,9 @@ func TestDurationsNotWholeMillisecondsAreRefused(t *testing.T) {
 // Issue 14 item 4: during an election the client stops dialling the dead
 // leader after its first refused connection and finds the new leader
 // through the other addresses. The figure (leader killed → first
-// acknowledged write) is logged; the bound is deliberately generous (two
-// loaded cores under -race): the test's point is the call count.
+// acknowledged write) is logged; the write's deadline is deliberately
+// generous (two loaded cores under -race): the test's point is the call
+// count.
 func TestDeadLeaderIsNotDialledAgainDuringElection(t *testing.T) {
 	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
@@ -72,8 +73,11 @@ func TestDeadLeaderIsNotDialledAgainDuringElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("after")}}, 0); err != nil {
-		t.Fatalf("mark after killing the leader: %v", err)
+	within := testcluster.Election + 15*time.Second
+	wctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	if _, err := c.Mark(wctx, "orders", []client.Item{{ID: []byte("after")}}, 0); err != nil {
+		t.Fatalf("mark after killing the leader, waited up to %v: %v", within, err)
 	}
 	took := time.Since(killed)
 	t.Logf("leader killed → first acknowledged write through the client: %v (election timeout %v)", took.Round(time.Millisecond), testcluster.Election)
@@ -85,9 +89,6 @@ func TestDeadLeaderIsNotDialledAgainDuringElection(t *testing.T) {
 	}
 	if toDead > 1 {
 		t.Errorf("the client sent %d calls to the dead leader %s after the kill; want at most 1 (the first refusal)", toDead, dead)
-	}
-	if took > testcluster.Election+15*time.Second {
-		t.Errorf("first write after %v", took)
 	}
 }
 
