@@ -126,6 +126,16 @@ type Config struct {
 	// MaxInflight caps Raft entries proposed and not yet answered
 	// (default 2). Without a cap no groups form: raft.Apply only enqueues.
 	MaxInflight int
+	// PipelineAfter is how long the oldest entry in flight must have
+	// waited before a further one is proposed beside it (default 20 ms;
+	// negative: at once, up to MaxInflight). On one machine or one LAN an
+	// entry commits within a few milliseconds, and a second entry queued
+	// behind it only delays it (hashicorp/raft's leader loop may write
+	// the queued entry before it processes the first one's commit) and
+	// splits the callers into smaller entries; across regions, where a
+	// commit takes a round trip of tens of milliseconds, the second entry
+	// keeps the log busy during it. See DESIGN.md, "Request path".
+	PipelineAfter time.Duration
 
 	// MaxEntryBytes caps the encoded size of one Raft entry (default
 	// 16 MiB). A request whose ops alone exceed it is refused before
@@ -175,6 +185,11 @@ type Config struct {
 // DefaultMaxEntryBytes is Config.MaxEntryBytes's default.
 const DefaultMaxEntryBytes = 16 << 20
 
+// DefaultPipelineAfter is Config.PipelineAfter's default: longer than a
+// commit takes on one machine or LAN under load, shorter than a round
+// trip between regions.
+const DefaultPipelineAfter = 20 * time.Millisecond
+
 func (c *Config) withDefaults() Config {
 	d := *c
 	if d.Logger == nil {
@@ -210,6 +225,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.MaxInflight <= 0 {
 		d.MaxInflight = 2
+	}
+	if d.PipelineAfter == 0 {
+		d.PipelineAfter = DefaultPipelineAfter
 	}
 	if d.TickInterval <= 0 {
 		d.TickInterval = time.Second

@@ -152,7 +152,15 @@ func New(cfg Config) (_ *Node, err error) {
 		Logger:   n.log,
 	})
 	closers = append(closers, func() error { n.disk.Close(); return nil })
-	fcfg.ApplyGate = func() bool { return n.disk.WaitRoom(n.stopCtx) }
+	// The disk gate comes after the caller's own (cfg.FSM.ApplyGate, if
+	// any): applying waits for both.
+	callerGate := fcfg.ApplyGate
+	fcfg.ApplyGate = func() bool {
+		if callerGate != nil && !callerGate() {
+			return false
+		}
+		return n.disk.WaitRoom(n.stopCtx)
+	}
 	if n.fsm, err = fsm.New(fcfg); err != nil {
 		return nil, fmt.Errorf("open fsm: %w", err)
 	}

@@ -400,3 +400,121 @@ func TestEnqueueTimeoutOnLeaderIsBusy(t *testing.T) {
 		t.Fatalf("leadership lost: %v", err)
 	}
 }
+
+// applyBlocker is an FSM apply gate a test closes and opens.
+type applyBlocker struct {
+	mu sync.Mutex
+	ch chan struct{} // nil: open
+}
+
+func (b *applyBlocker) gate() bool {
+	b.mu.Lock()
+	ch := b.ch
+	b.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+	return true
+}
+
+// block holds every batch not yet applied until unblock.
+func (b *applyBlocker) block() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ch = make(chan struct{})
+}
+
+func (b *applyBlocker) unblock() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}
+
+// proposeAsync proposes one mark of id and reports the error on the
+// returned channel.
+func proposeAsync(ctx context.Context, n *Node, id string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.Propose(ctx, []fsm.Op{markOp(id)})
+		done <- err
+	}()
+	return done
+}
+
+func queued(n *Node) int {
+	n.prop.mu.Lock()
+	defer n.prop.mu.Unlock()
+	return len(n.prop.queue)
+}
+
+// On one machine an entry commits within milliseconds: callers that
+// arrive while it is in flight wait for it and leave together as the next
+// entry, instead of a second entry being queued behind the first.
+func TestPipeline_CallersWaitForTheEntryInFlight(t *testing.T) {
+	cfg := testConfig(t.TempDir(), true)
+	cfg.PipelineAfter = time.Hour
+	var apply applyBlocker
+	cfg.FSM.ApplyGate = apply.gate
+	n := startNode(t, cfg)
+	t.Cleanup(apply.unblock) // before the node's shutdown (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The node is a ready leader (its term barrier applied): from here on
+	// nothing applies until unblock.
+	apply.block()
+
+	first := n.Raft().LastIndex()
+	a := proposeAsync(ctx, n, "a")
+	waitFor(t, 30*time.Second, "a's entry in the log", func() bool { return n.Raft().LastIndex() == first+1 })
+	b, c := proposeAsync(ctx, n, "b"), proposeAsync(ctx, n, "c")
+	waitFor(t, 30*time.Second, "b and c queued behind a", func() bool { return queued(n) == 2 })
+	if got := n.Raft().LastIndex(); got != first+1 {
+		t.Fatalf("an entry was proposed beside the one in flight (last index %d, want %d)", got, first+1)
+	}
+	apply.unblock()
+	for name, ch := range map[string]<-chan error{"a": a, "b": b, "c": c} {
+		if err := <-ch; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if got := n.Raft().LastIndex(); got != first+2 {
+		t.Fatalf("a, then b and c: want 2 entries, the log grew by %d", got-first)
+	}
+}
+
+// Across regions a commit takes a round trip: once the entry in flight has
+// waited PipelineAfter, the next one is proposed beside it.
+func TestPipeline_SlowEntryLetsTheNextOneGo(t *testing.T) {
+	cfg := testConfig(t.TempDir(), true)
+	cfg.PipelineAfter = 50 * time.Millisecond
+	cfg.MaxInflight = 2
+	var apply applyBlocker
+	cfg.FSM.ApplyGate = apply.gate
+	n := startNode(t, cfg)
+	t.Cleanup(apply.unblock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	apply.block()
+
+	first := n.Raft().LastIndex()
+	a := proposeAsync(ctx, n, "a")
+	waitFor(t, 30*time.Second, "a's entry in the log", func() bool { return n.Raft().LastIndex() == first+1 })
+	b := proposeAsync(ctx, n, "b")
+	// a cannot be answered (apply is blocked), so b's entry can only come
+	// from the pipeline.
+	waitFor(t, 30*time.Second, "b proposed beside a", func() bool { return n.Raft().LastIndex() == first+2 })
+	c := proposeAsync(ctx, n, "c")
+	waitFor(t, 30*time.Second, "c queued", func() bool { return queued(n) == 1 })
+	apply.unblock()
+	for name, ch := range map[string]<-chan error{"a": a, "b": b, "c": c} {
+		if err := <-ch; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if got := n.Raft().LastIndex(); got != first+3 {
+		t.Fatalf("want 3 entries (MaxInflight 2 held c back until one was answered), the log grew by %d", got-first)
+	}
+}

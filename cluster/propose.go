@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,25 +34,32 @@ type proposalResult struct {
 // proposer is the group commit: callers queue proposals; one loop drains
 // whatever is waiting (up to MaxGroupItems / MaxGroupBytes), stamps one
 // fsm.Command with the leader's timestamp, hands it to raft.Apply and waits
-// for it in a goroutine. At most MaxInflight entries are outstanding, so
-// while the log fsyncs, new requests pile up and form the next group.
+// for it in a goroutine. One entry is outstanding, or up to MaxInflight
+// once the oldest has waited PipelineAfter, so while the log fsyncs, new
+// requests pile up and form the next group.
 type proposer struct {
-	n     *Node
-	slots chan struct{} // one token per entry in flight
-	wake  chan struct{} // cap 1: "the queue is not empty"
+	n        *Node
+	slots    chan struct{} // one token per entry in flight
+	wake     chan struct{} // cap 1: "the queue is not empty"
+	released chan struct{} // cap 1: "an entry in flight was answered"
 
 	mu     sync.Mutex
 	queue  []*proposal
 	closed bool
+
+	// since holds when each entry in flight was proposed, oldest first.
+	sinceMu sync.Mutex
+	since   []time.Time
 
 	lastTs int64 // last stamped timestamp; touched by run only
 }
 
 func newProposer(n *Node) *proposer {
 	return &proposer{
-		n:     n,
-		slots: make(chan struct{}, n.cfg.MaxInflight),
-		wake:  make(chan struct{}, 1),
+		n:        n,
+		slots:    make(chan struct{}, n.cfg.MaxInflight),
+		wake:     make(chan struct{}, 1),
+		released: make(chan struct{}, 1),
 	}
 }
 
@@ -145,11 +153,9 @@ func (p *proposer) run() {
 	defer p.n.wg.Done()
 	defer p.close()
 	for {
-		// Take an in-flight slot first: while both are taken, requests
+		// Take an in-flight slot first: while none may be taken, requests
 		// accumulate in the queue and form the next group.
-		select {
-		case p.slots <- struct{}{}:
-		case <-p.n.stop:
+		if !p.acquire() {
 			return
 		}
 		var batch []*proposal
@@ -162,6 +168,65 @@ func (p *proposer) run() {
 			batch = p.take()
 		}
 		p.propose(batch)
+	}
+}
+
+// acquire takes an in-flight slot: at once when no entry is in flight,
+// otherwise only when fewer than MaxInflight are and the oldest has waited
+// PipelineAfter. It reports false when the node stops.
+func (p *proposer) acquire() bool {
+	for {
+		select {
+		case p.slots <- struct{}{}:
+		case <-p.n.stop:
+			return false
+		}
+		wait := p.pipelineWait()
+		if wait <= 0 {
+			return true
+		}
+		<-p.slots // not yet: give the slot back until an answer or the delay
+		t := time.NewTimer(wait)
+		select {
+		case <-p.released:
+		case <-t.C:
+		case <-p.n.stop:
+			t.Stop()
+			return false
+		}
+		t.Stop()
+	}
+}
+
+// pipelineWait is how long a further entry must still wait beside the
+// ones in flight (≤ 0: none is in flight, or the oldest has waited
+// PipelineAfter).
+func (p *proposer) pipelineWait() time.Duration {
+	p.sinceMu.Lock()
+	defer p.sinceMu.Unlock()
+	if len(p.since) == 0 || p.n.cfg.PipelineAfter < 0 {
+		return 0
+	}
+	return p.n.cfg.PipelineAfter - time.Since(p.since[0])
+}
+
+// inflight records an entry proposed at start; the returned function
+// forgets it and frees its slot once it is answered.
+func (p *proposer) inflight(start time.Time) (release func()) {
+	p.sinceMu.Lock()
+	p.since = append(p.since, start)
+	p.sinceMu.Unlock()
+	return func() {
+		p.sinceMu.Lock()
+		if i := slices.Index(p.since, start); i >= 0 {
+			p.since = slices.Delete(p.since, i, i+1)
+		}
+		p.sinceMu.Unlock()
+		<-p.slots
+		select {
+		case p.released <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -206,7 +271,7 @@ func (p *proposer) stamp() int64 {
 }
 
 func (p *proposer) propose(batch []*proposal) {
-	release := func() { <-p.slots }
+	release := p.inflight(time.Now())
 	if p.n.raft.State() != raft.Leader {
 		err := p.n.notLeaderError()
 		for _, pr := range batch {
