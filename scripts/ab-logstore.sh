@@ -52,17 +52,8 @@ if [ -z "$BUILDS" ]; then
 fi
 (cd "$ROOT" && go build -o "$WORK/scaleprobe" ./bench/scaleprobe) || exit 1
 
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-cpu_ticks() { # summed utime+stime of the given PIDs, in clock ticks
-	local t=0 p s
-	for p in "$@"; do
-		s=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + s))
-	done
-	echo "$t"
-}
-HZ=$(getconf CLK_TCK)
+# shellcheck source=lib/procs.sh
+. "$ROOT/scripts/lib/procs.sh" || exit 1
 
 # run BUILD STORE NODES BATCH ROUND
 run() {

@@ -56,17 +56,8 @@ if [ -z "$BIN" ]; then
 	(cd "$ROOT" && go build -o "$WORK/dedupnode" ./cmd/dedupnode) || exit 1
 	BIN=$WORK/dedupnode
 fi
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-cpu_ticks() { # summed utime+stime of the given PIDs, in clock ticks
-	local t=0 p s
-	for p in "$@"; do
-		s=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null) && t=$((t + s))
-	done
-	echo "$t"
-}
-HZ=$(getconf CLK_TCK)
+# shellcheck source=lib/procs.sh
+. "$ROOT/scripts/lib/procs.sh" || exit 1
 METRICS="dedup_pebble_wal_written_bytes_total dedup_pebble_flush_written_bytes_total dedup_pebble_compaction_written_bytes_total dedup_pebble_compaction_read_bytes_total dedup_pebble_flushes_total dedup_pebble_compactions_total dedup_raft_last_snapshot_index dedup_pebble_live_sstable_bytes"
 # scrape OUT: one line per node, the METRICS' values in order
 scrape() {
