@@ -444,6 +444,31 @@ func proposeAsync(ctx context.Context, n *Node, id string) <-chan error {
 	return done
 }
 
+// startApplyBlocked starts a ready single-node leader with cfg whose FSM
+// applies nothing more until the returned unblock runs (also at cleanup,
+// before the node's shutdown: cleanups run last first).
+func startApplyBlocked(t *testing.T, cfg Config) (n *Node, unblock func()) {
+	t.Helper()
+	var apply applyBlocker
+	cfg.FSM.ApplyGate = apply.gate
+	n = startNode(t, cfg)
+	t.Cleanup(apply.unblock)
+	// The node is a ready leader (its term barrier applied): from here on
+	// nothing applies until unblock.
+	apply.block()
+	return n, apply.unblock
+}
+
+// waitAnswered waits for every proposal's answer and fails on an error.
+func waitAnswered(t *testing.T, proposals map[string]<-chan error) {
+	t.Helper()
+	for name, ch := range proposals {
+		if err := <-ch; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
+
 func queued(n *Node) int {
 	n.prop.mu.Lock()
 	defer n.prop.mu.Unlock()
@@ -456,15 +481,9 @@ func queued(n *Node) int {
 func TestPipeline_CallersWaitForTheEntryInFlight(t *testing.T) {
 	cfg := testConfig(t.TempDir(), true)
 	cfg.PipelineAfter = time.Hour
-	var apply applyBlocker
-	cfg.FSM.ApplyGate = apply.gate
-	n := startNode(t, cfg)
-	t.Cleanup(apply.unblock) // before the node's shutdown (cleanups run last first)
+	n, unblock := startApplyBlocked(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// The node is a ready leader (its term barrier applied): from here on
-	// nothing applies until unblock.
-	apply.block()
 
 	first := n.Raft().LastIndex()
 	a := proposeAsync(ctx, n, "a")
@@ -474,12 +493,8 @@ func TestPipeline_CallersWaitForTheEntryInFlight(t *testing.T) {
 	if got := n.Raft().LastIndex(); got != first+1 {
 		t.Fatalf("an entry was proposed beside the one in flight (last index %d, want %d)", got, first+1)
 	}
-	apply.unblock()
-	for name, ch := range map[string]<-chan error{"a": a, "b": b, "c": c} {
-		if err := <-ch; err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-	}
+	unblock()
+	waitAnswered(t, map[string]<-chan error{"a": a, "b": b, "c": c})
 	if got := n.Raft().LastIndex(); got != first+2 {
 		t.Fatalf("a, then b and c: want 2 entries, the log grew by %d", got-first)
 	}
@@ -491,13 +506,9 @@ func TestPipeline_SlowEntryLetsTheNextOneGo(t *testing.T) {
 	cfg := testConfig(t.TempDir(), true)
 	cfg.PipelineAfter = 50 * time.Millisecond
 	cfg.MaxInflight = 2
-	var apply applyBlocker
-	cfg.FSM.ApplyGate = apply.gate
-	n := startNode(t, cfg)
-	t.Cleanup(apply.unblock)
+	n, unblock := startApplyBlocked(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	apply.block()
 
 	first := n.Raft().LastIndex()
 	a := proposeAsync(ctx, n, "a")
@@ -508,12 +519,8 @@ func TestPipeline_SlowEntryLetsTheNextOneGo(t *testing.T) {
 	waitFor(t, 30*time.Second, "b proposed beside a", func() bool { return n.Raft().LastIndex() == first+2 })
 	c := proposeAsync(ctx, n, "c")
 	waitFor(t, 30*time.Second, "c queued", func() bool { return queued(n) == 1 })
-	apply.unblock()
-	for name, ch := range map[string]<-chan error{"a": a, "b": b, "c": c} {
-		if err := <-ch; err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-	}
+	unblock()
+	waitAnswered(t, map[string]<-chan error{"a": a, "b": b, "c": c})
 	if got := n.Raft().LastIndex(); got != first+3 {
 		t.Fatalf("want 3 entries (MaxInflight 2 held c back until one was answered), the log grew by %d", got-first)
 	}
