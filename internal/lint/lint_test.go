@@ -3,12 +3,14 @@
 package lint
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -57,21 +59,23 @@ func errorText(e ast.Expr) bool {
 	return false
 }
 
-// TestNoMatchingOnErrorText: no code outside tests decides anything by
-// looking inside an error's text (strings.Contains(err.Error(), ...), a
-// regular expression over status.Message()): errors are typed (the
-// client's kinds, the node's status details), and text changes without
-// notice. Tests may check messages; shipped code may not parse them.
-func TestNoMatchingOnErrorText(t *testing.T) {
-	root := repoRoot(t)
-	fset := token.NewFileSet()
-	var bad []string
+// shippedGoFiles parses every shipped Go file under root (tests, generated
+// .pb.go files, hidden directories, testdata and vendor aside) and calls fn
+// with its path relative to root. skipDir, if set, prunes more directories
+// (by their slash-separated path relative to root).
+func shippedGoFiles(t *testing.T, root string, fset *token.FileSet, skipDir func(rel string) bool, fn func(rel string, f *ast.File)) {
+	t.Helper()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		rel, _ := filepath.Rel(root, path)
 		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			if skipDir != nil && skipDir(filepath.ToSlash(rel)) {
 				return filepath.SkipDir
 			}
 			return nil
@@ -83,6 +87,29 @@ func TestNoMatchingOnErrorText(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		fn(rel, f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// position is pos as rel:line:column.
+func position(fset *token.FileSet, rel string, pos token.Pos) string {
+	p := fset.Position(pos)
+	return fmt.Sprintf("%s:%d:%d", rel, p.Line, p.Column)
+}
+
+// TestNoMatchingOnErrorText: no code outside tests decides anything by
+// looking inside an error's text (strings.Contains(err.Error(), ...), a
+// regular expression over status.Message()): errors are typed (the
+// client's kinds, the node's status details), and text changes without
+// notice. Tests may check messages; shipped code may not parse them.
+func TestNoMatchingOnErrorText(t *testing.T) {
+	fset := token.NewFileSet()
+	var bad []string
+	shippedGoFiles(t, repoRoot(t), fset, nil, func(rel string, f *ast.File) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -94,17 +121,12 @@ func TestNoMatchingOnErrorText(t *testing.T) {
 			}
 			for _, a := range call.Args {
 				if errorText(a) {
-					rel, _ := filepath.Rel(root, path)
-					bad = append(bad, rel+":"+strings.TrimPrefix(fset.Position(call.Pos()).String(), path+":"))
+					bad = append(bad, position(fset, rel, call.Pos()))
 				}
 			}
 			return true
 		})
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, b := range bad {
 		t.Errorf("%s: matches on an error's text; use a typed error (errors.Is/As, client.AsError, status details)", b)
 	}
@@ -181,41 +203,14 @@ func rawNodeCalls(f *ast.File) []token.Pos {
 // the same everywhere. A tool that needs something the client lacks adds
 // a small client API (as client.MarkAt for the bench).
 func TestOnlyClientSpeaksToNodes(t *testing.T) {
-	root := repoRoot(t)
 	fset := token.NewFileSet()
 	var bad []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		if d.IsDir() {
-			name := d.Name()
-			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
-				return filepath.SkipDir
-			}
-			for _, s := range nodeSpeakers {
-				if filepath.ToSlash(rel) == s {
-					return filepath.SkipDir
-				}
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
+	speaker := func(rel string) bool { return slices.Contains(nodeSpeakers, rel) }
+	shippedGoFiles(t, repoRoot(t), fset, speaker, func(rel string, f *ast.File) {
 		for _, p := range rawNodeCalls(f) {
-			bad = append(bad, rel+":"+strings.TrimPrefix(fset.Position(p).String(), path+":"))
+			bad = append(bad, position(fset, rel, p))
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, b := range bad {
 		t.Errorf("%s: speaks to a node without package client (raw gRPC connection or dedupv1 stub); use client, adding a small API there if needed", b)
 	}
