@@ -16,9 +16,9 @@ import (
 // (Raft thesis §6.4, batched): a read joins the next round; a round reads
 // the commit index and then has a voter majority confirm the leader's
 // term (confirmLeadership: a heartbeat round, or a committed entry while
-// the configuration holds a non-voter). Every read in a round arrived before the round
-// started, so the round's commit index is at least the commit index at
-// each read's start.
+// the configuration holds a non-voter). Every read in a round arrived
+// before the round started, so the round's commit index is at least the
+// commit index at each read's start.
 type readIndexer struct {
 	n *Node
 

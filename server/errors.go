@@ -51,7 +51,7 @@ var errorTable = []errorRule{
 	{fsm.ErrNamespaceNotFound, codes.NotFound, dedupv1.ReasonNamespaceNotFound, "create it first (dedupnode namespace create)", ""},
 	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
 	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
-	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or let it catch up (see its applied index in 'dedupnode status --addr' of the node), or promote with force", ""},
+	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or wait until it catches up ('dedupnode status --addr NODE' shows its applied index), or promote it with force (PromoteRequest.force, 'dedupnode promote --force')", ""},
 	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
 	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
 	// ErrOutcomeUnknown's own text says "retry with the same request token".

@@ -204,8 +204,9 @@ const l0CompactionThreshold = 16
 // 4: random IDs spread every L0 file over the whole key space, so each L0
 // compaction rewrites the whole base level, and waiting for 4× more L0
 // data rewrites it 4× less often (compaction bytes per ID 2–4× lower,
-// docs/PERFORMANCE.md "L0 compaction threshold"). Pebble's WAL stays on but unsynced: the Raft log is the durable record,
-// and the FSM syncs explicitly before every snapshot (see fsm/DESIGN.md).
+// docs/PERFORMANCE.md "L0 compaction threshold"). Pebble's WAL stays on
+// but unsynced: the Raft log is the durable record, and the FSM syncs
+// explicitly before every snapshot (see fsm/DESIGN.md).
 func Open(dir string, o Options) (*DB, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = 64 << 20
