@@ -15,9 +15,11 @@
 #
 # Usage: scripts/case-series.sh [--cases "2s 10s 2s 10s"] [--nodes 3]
 #          [--batch 16] [--warmup 0s] [--bin PATH] [--label NAME]
-#          [--profile-dir DIR] [--serve-flags "..."]
+#          [--profile-dir DIR] [--serve-flags "..."] [--bench-flags "..."]
 #   --profile-dir sends SIGUSR1/SIGUSR2 around each case (a build with a
 #   profiling hook on those signals writes one CPU profile per case there).
+#   --bench-flags are added to every `dedupnode bench` call (e.g.
+#   "--transport stream").
 #   Environment: DEDUPNODE_BIN=path to a prebuilt dedupnode binary.
 # Every process it starts is stopped by PID; every case is bounded in time.
 set -uo pipefail
@@ -31,6 +33,7 @@ BIN=${DEDUPNODE_BIN:-}
 LABEL=run
 PROFDIR=""
 SERVE_FLAGS=""
+BENCH_FLAGS=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--cases) CASES=$2; shift 2 ;;
@@ -41,7 +44,8 @@ while [ $# -gt 0 ]; do
 	--label) LABEL=$2; shift 2 ;;
 	--profile-dir) PROFDIR=$2; shift 2 ;;
 	--serve-flags) SERVE_FLAGS=$2; shift 2 ;;
-	-h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--bench-flags) BENCH_FLAGS=$2; shift 2 ;;
+	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "case-series.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -105,7 +109,7 @@ for c in $CASES; do
 	[ -n "$PROFDIR" ] && kill -USR1 "${SPIDS[@]}"
 	c0=$(cpu_ticks "${SPIDS[@]}")
 	out=$("$BIN" bench --addr "$addrs" -w "$wl" -c 50 -b "$BATCH" -d "$len" --warmup "$WARMUP" --conns 2 \
-		--max-time 120s --no-progress -o json 2>>"$WORK/bench.log")
+		--max-time 120s --no-progress -o json $BENCH_FLAGS 2>>"$WORK/bench.log")
 	c1=$(cpu_ticks "${SPIDS[@]}")
 	[ -n "$PROFDIR" ] && kill -USR2 "${SPIDS[@]}"
 	scrape "$WORK/m1"
