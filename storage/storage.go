@@ -214,17 +214,26 @@ func Open(dir string, o Options) (*DB, error) {
 	if o.MemTableBytes == 0 {
 		o.MemTableBytes = DefaultMemTableBytes
 	}
-	cache := pebble.NewCache(o.CacheBytes)
+	// Pebble charges every memtable and every queued flushable batch to
+	// the block cache (Cache.Reserve) until it is flushed. The FSM commits
+	// its write buffer as flushable batches, so with a cache of CacheBytes
+	// alone those reservations took all of it: a node after a write load
+	// held 0 bytes of blocks (4 % hits), and every read past the Bloom
+	// filters read its filter, index and data blocks from the file. The
+	// cache is sized so CacheBytes stay for blocks with as many memtables
+	// queued as Pebble allows before it stops writes, plus the one filling.
+	cache := pebble.NewCache(o.CacheBytes + int64(memTableStopWritesThreshold+1)*int64(o.MemTableBytes))
 	opts := &pebble.Options{
-		FS:                         o.FS,
-		Cache:                      cache,
-		MemTableSize:               o.MemTableBytes,
-		FormatMajorVersion:         pebble.FormatNewest,
-		Logger:                     logger{o.Logger},
-		L0CompactionThreshold:      l0CompactionThreshold,
-		L0StopWritesThreshold:      64,
-		LBaseMaxBytes:              64 << 20,
-		CompactionConcurrencyRange: func() (int, int) { return 1, 1 },
+		FS:                          o.FS,
+		Cache:                       cache,
+		MemTableSize:                o.MemTableBytes,
+		FormatMajorVersion:          pebble.FormatNewest,
+		Logger:                      logger{o.Logger},
+		L0CompactionThreshold:       l0CompactionThreshold,
+		L0StopWritesThreshold:       64,
+		MemTableStopWritesThreshold: memTableStopWritesThreshold,
+		LBaseMaxBytes:               64 << 20,
+		CompactionConcurrencyRange:  func() (int, int) { return 1, 1 },
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
@@ -240,6 +249,10 @@ func Open(dir string, o Options) (*DB, error) {
 	large := (o.MemTableBytes-memtableEmptyBytes)/2 + 64<<10
 	return &DB{DB: db, cache: cache, largeBatch: large}, nil
 }
+
+// memTableStopWritesThreshold is Pebble's default, named because the block
+// cache is sized by it (Open).
+const memTableStopWritesThreshold = 2
 
 // Close closes the database and releases the cache.
 func (d *DB) Close() error {
