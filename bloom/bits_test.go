@@ -60,7 +60,7 @@ func (l liveSet) total() uint64 {
 // from storage. It returns how many chains were compacted.
 func compactNow(f *Filters, live liveSet) int {
 	done := 0
-	for _, k := range f.CompactionCandidates(live.get, nil) {
+	for _, k := range f.CompactionCandidates(live.get, 1, nil) {
 		cp := f.BeginCompact(k, live[k])
 		if cp == nil {
 			continue
@@ -273,7 +273,7 @@ func growth(t testing.TB, n uint64, readers int) (res shapeResult, meanBits floa
 		for range polls {
 			mu.RLock()
 			live := liveSet{k: uint(committed.Load())}
-			keys := f.CompactionCandidates(live.get, nil)
+			keys := f.CompactionCandidates(live.get, 1, nil)
 			mu.RUnlock()
 			for _, key := range keys {
 				mu.RLock()
@@ -609,5 +609,42 @@ func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
 	live[k] = 6100
 	if n := compactNow(f, live); n != 1 {
 		t.Fatal("a chain grown 4× was not compacted")
+	}
+}
+
+// A pause in the load shorter than the caller's quietCalls leaves a
+// growing chain alone (compacting it re-reads the whole bucket); one as
+// long compacts it, and a chain that gets IDs again starts counting anew.
+func TestCompactionCandidatesWaitForALongEnoughLull(t *testing.T) {
+	f := New(Config{ExpectedPerBucket: 1000})
+	f.SetReady(true)
+	k := Key{Namespace: 1, Bucket: 1}
+	var buf []byte
+	add := func(from, to uint64) {
+		for i := from; i < to; i++ {
+			f.Add(k, testID(buf[:0], k, i))
+		}
+	}
+	live := liveSet{k: 0}
+	poll := func() int { return len(f.CompactionCandidates(live.get, 3, nil)) }
+	add(0, 1500) // the blind filter and a growth segment: worth compacting
+	live[k] = 1500
+	if n := poll(); n != 0 {
+		t.Fatal("compacted while IDs were arriving")
+	}
+	for i := 1; i <= 2; i++ {
+		if n := poll(); n != 0 {
+			t.Fatalf("compacted after %d quiet polls of 3", i)
+		}
+	}
+	add(1500, 1600) // the load resumes before the lull is long enough
+	live[k] = 1600
+	for i := 0; i <= 2; i++ {
+		if n := poll(); n != 0 {
+			t.Fatalf("compacted %d polls after the load resumed", i)
+		}
+	}
+	if n := poll(); n != 1 {
+		t.Fatal("a chain quiet for 3 polls is not a candidate")
 	}
 }

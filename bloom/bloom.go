@@ -108,10 +108,12 @@ type chain struct {
 	pending  *bbloom.BloomFilter
 	pendingN uint
 	// compactedN is the number of IDs at the last compaction (0: never);
-	// seenN the count at the last CompactionCandidates call, to tell
-	// chains that stopped growing.
+	// seenN the count at the last CompactionCandidates call and quietCalls
+	// how many calls in a row saw no ID arrive, to tell chains that
+	// stopped growing.
 	compactedN uint
 	seenN      uint
+	quietCalls int
 	// growing: the last CompactionCandidates call saw IDs arrive, so a
 	// compaction now gets headroom; exact: the last compaction had none.
 	growing, exact bool

@@ -47,18 +47,25 @@ func (f *Filters) idealBits(n uint) uint64 {
 // now, given live(k): the bucket's live ID count and whether the bucket
 // still exists. A chain is a candidate when its bits exceed a compacted
 // filter's for its live IDs by compactWaste (and compactMinBits) and
-//   - it received no ID since the previous call (the bucket stopped
-//     growing: its span is past now + TTL, or the load stopped) and,
-//     if it was compacted so before, its ID count changed by 10% since,
-//     or
+//   - it received no ID over the last quietCalls calls (at least 1: the
+//     bucket stopped growing: its span is past now + TTL, or the load
+//     stopped) and, if it was compacted so before, its ID count changed
+//     by 10% since, or
 //   - it grew 4× since it was last compacted (or since its first filter),
 //     so a bucket that keeps growing is compacted O(log n) times, scanning
 //     each ID 1/3 of a time in all (and once more when it stops).
 //
+// quietCalls is how long a lull must last before a still-growing bucket is
+// compacted to its size so far: a compaction re-reads every record of the
+// bucket, so compacting on every short pause in the load (one poll of fsm's
+// 2 s) re-read a growing bucket each time it had grown another 10%; a
+// lull must now last as long as the caller says (fsm: 30 s) — see
+// DESIGN.md, "Compaction".
+//
 // Callers poll it (fsm: every few seconds); each call also records the
 // chains' counts for the next call's "no ID since" test. Nothing while the
 // filters are not ready.
-func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), dst []Key) []Key {
+func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), quietCalls int, dst []Key) []Key {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.ready {
@@ -67,8 +74,13 @@ func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), dst []K
 	start := len(dst)
 	for k, c := range f.chains {
 		n := c.n()
-		quiet := n == c.seenN
-		c.seenN, c.growing = n, !quiet
+		if n == c.seenN {
+			c.quietCalls++
+		} else {
+			c.quietCalls = 0
+		}
+		c.seenN, c.growing = n, c.quietCalls == 0
+		quiet := c.quietCalls >= max(quietCalls, 1)
 		if c.pending != nil || len(c.segs) == 0 {
 			continue
 		}
