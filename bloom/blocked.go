@@ -20,8 +20,8 @@ import (
 //
 // The price is memory: blocks receive a Poisson-distributed number of IDs
 // and the overfull ones answer "maybe" more often, so a blocked filter
-// needs more bits for a rate than a standard one (0.95% needs 9.84 bits
-// per ID at 1024-bit blocks against 9.69; at 512-bit blocks 10.1, over
+// needs more bits for a rate than a standard one (0.95% needs 9.86 bits
+// per ID at 1024-bit blocks against 9.69; at 512-bit blocks over 10, above
 // the 10 bits per live ID target). Sizing uses the blocked formula
 // (blockedFP), not the standard one.
 //

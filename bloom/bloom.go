@@ -12,7 +12,7 @@
 // gets another one with a tighter rate, as in scalable Bloom filters
 // (Almeida et al. 2007), so the bucket's compound false-positive rate stays
 // below the configured one. Such a chain costs 20–25 bits per ID where one
-// right-sized filter costs 9.84, so the owner compacts it (BeginCompact)
+// right-sized filter costs 9.86, so the owner compacts it (BeginCompact)
 // into one filter sized for the bucket's live IDs, rebuilt from storage,
 // once the bucket stops growing.
 //
@@ -56,7 +56,7 @@ func (c Config) withDefaults() Config {
 const (
 	// firstShare of the budget goes to a chain's first filter when its
 	// size is known and to a compacted filter: at 0.95% a right-sized
-	// blocked filter costs 9.84 bits per ID (k = 7; a standard one 9.69),
+	// blocked filter costs 9.86 bits per ID (k = 7; a standard one 9.69),
 	// under the 10 bits per live ID target, and the remaining 0.05% pays
 	// for growth segments should a bucket grow after all.
 	firstShare = 0.95

@@ -7,7 +7,7 @@ import (
 )
 
 // Compaction rebuilds one bucket's chain into a single filter sized for the
-// bucket's live IDs at firstShare of the rate budget (9.84 bits per ID at
+// bucket's live IDs at firstShare of the rate budget (9.86 bits per ID at
 // 1%): a chain of growing filters costs 15–25 bits per ID (each growth
 // segment is tighter than the last, the newest is partly empty) and a
 // first filter sized for more IDs than arrived wastes the difference.
