@@ -473,8 +473,8 @@ func TestCompactionKeepsIDsAddedMeanwhile(t *testing.T) {
 	if len(c.segs) != 1 || c.segs[0].n != 21_000 {
 		t.Fatalf("after compaction: %d segments, n %d", len(c.segs), c.segs[0].n)
 	}
-	if f.maxK != c.segs[0].f.K() || f.maxK >= grownK {
-		t.Fatalf("maxK %d after compaction (grown chain: %d), want the compacted filter's K %d", f.maxK, grownK, c.segs[0].f.K())
+	if f.maxK != c.segs[0].f.k || f.maxK >= grownK {
+		t.Fatalf("maxK %d after compaction (grown chain: %d), want the compacted filter's K %d", f.maxK, grownK, c.segs[0].f.k)
 	}
 	live := liveSet{k: 21_000}
 	measure(t, f, live, 10, 1)

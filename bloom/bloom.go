@@ -3,26 +3,27 @@
 // not seen" is answered without touching storage and an expired bucket's IDs
 // leave memory together with the bucket.
 //
-// Filters come from github.com/bits-and-blooms/bloom/v3 (Bloom 1970;
-// sizing per Kirsch & Mitzenmacher double hashing). A bucket that outgrows
-// its first filter gets another one with a tighter rate, as in scalable
-// Bloom filters (Almeida et al. 2007), so the bucket's compound
-// false-positive rate stays below the configured one. Such a chain costs
-// 20–25 bits per ID where one right-sized filter costs 9.7, so the owner
-// compacts it (BeginCompact) into one filter sized for the bucket's live
-// IDs, rebuilt from storage, once the bucket stops growing.
+// The filters are blocked Bloom filters of our own (Putze, Sanders &
+// Singler 2007; see filter in blocked.go for the persisted bit layout): one
+// 64-bit xxhash per ID picks a 1024-bit block in each filter and k bits in
+// it, so a test or add touches two adjacent cache lines instead of k
+// scattered ones, and the k positions are computed once per ID for every
+// bucket it is tested against. A bucket that outgrows its first filter
+// gets another one with a tighter rate, as in scalable Bloom filters
+// (Almeida et al. 2007), so the bucket's compound false-positive rate stays
+// below the configured one. Such a chain costs 20–25 bits per ID where one
+// right-sized filter costs 9.86, so the owner compacts it (BeginCompact)
+// into one filter sized for the bucket's live IDs, rebuilt from storage,
+// once the bucket stops growing.
 //
 // A Filters value is safe for concurrent use.
 package bloom
 
 import (
 	"encoding/binary"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	bbloom "github.com/bits-and-blooms/bloom/v3"
 )
 
 // Config sizes the filters.
@@ -55,11 +56,9 @@ func (c Config) withDefaults() Config {
 const (
 	// firstShare of the budget goes to a chain's first filter when its
 	// size is known and to a compacted filter: at 0.95% a right-sized
-	// filter costs 9.69 bits per ID (7 hashes; 9.59 at exactly 1%), so
-	// a namespace's 32 compacted buckets plus its newest, still filling
-	// one stay under 10 bits per live ID (9.69 × 33/32 = 9.99), and the
-	// remaining 0.05% pays for growth segments should a bucket grow
-	// after all.
+	// blocked filter costs 9.86 bits per ID (k = 7; a standard one 9.69),
+	// under the 10 bits per live ID target, and the remaining 0.05% pays
+	// for growth segments should a bucket grow after all.
 	firstShare = 0.95
 	// blindShare is the first filter's share when its size is a guess
 	// (ExpectedPerBucket): growth is likely, so the budget is split as in
@@ -92,7 +91,7 @@ type Key struct {
 
 // segment is one filter of a chain with the number of IDs added to it.
 type segment struct {
-	f     *bbloom.BloomFilter
+	f     *filter
 	n     uint
 	limit uint
 }
@@ -105,7 +104,7 @@ type chain struct {
 	sized bool
 	// pending receives the IDs added while a compaction of this chain
 	// runs; it has the new filter's m and k, so it is OR-ed into it.
-	pending  *bbloom.BloomFilter
+	pending  *filter
 	pendingN uint
 	// compactedN is the number of IDs at the last compaction (0: never);
 	// seenN the count at the last CompactionCandidates call and quietCalls
@@ -128,37 +127,19 @@ func (c *chain) n() uint {
 	return n
 }
 
-// bits is the chain's filter memory in bits (whole 64-bit words).
+// bits is the chain's filter memory in bits.
 func (c *chain) bits() uint64 {
 	var b uint64
 	for i := range c.segs {
-		b += wordBits(c.segs[i].f.Cap())
+		b += c.segs[i].f.bits()
 	}
 	return b
 }
 
-func wordBits(m uint) uint64 { return (uint64(m) + 63) &^ 63 }
-
-// newFilter returns a filter for n IDs at rate p whose m is rounded up to
-// whole words (the bitset allocates them anyway; the extra bits only lower
-// the rate).
-func newFilter(n uint, p float64) *bbloom.BloomFilter {
-	m, k := bbloom.EstimateParameters(max(n, 1), p)
-	return bbloom.New(uint(wordBits(m)), k)
-}
-
-// estRate is the expected false-positive rate of a filter holding n IDs:
-// (1 - e^(-kn/m))^k (Bloom 1970; Broder & Mitzenmacher 2004).
-func estRate(f *bbloom.BloomFilter, n uint) float64 {
-	k, m := float64(f.K()), float64(f.Cap())
-	return math.Pow(1-math.Exp(-k*float64(n)/m), k)
-}
-
-// mayContain tests every segment with locations computed once.
-func (c *chain) mayContain(locs []uint64) bool {
+// mayContain tests every segment with p, prepared for the filters' maxK.
+func (c *chain) mayContain(p *Probe) bool {
 	for i := range c.segs {
-		f := c.segs[i].f
-		if f.TestLocations(locs[:f.K()]) {
+		if c.segs[i].f.has(p) {
 			return true
 		}
 	}
@@ -174,6 +155,11 @@ type bucketChain struct {
 // Filters is the set of filter chains of one node.
 type Filters struct {
 	cfg Config
+	// first and blind size a chain's first filter (and a compaction's)
+	// at firstShare and blindShare of the budget: computing a sizing
+	// takes about a millisecond, and CompactionCandidates needs first's
+	// for every chain on every poll.
+	first, blind sizing
 
 	mu     sync.RWMutex
 	chains map[Key]*chain
@@ -183,7 +169,7 @@ type Filters struct {
 	// maxK is the largest K of any segment: how many locations a Probe
 	// needs. Recomputed when segments go away (compaction, drops), so one
 	// long-gone tight segment does not make every probe compute more.
-	maxK  uint
+	maxK  int
 	ready bool
 
 	maybe  atomic.Uint64 // lookups answered "maybe" where the ID was absent or present
@@ -193,7 +179,14 @@ type Filters struct {
 
 // New returns an empty, not-ready set of filters (see SetReady).
 func New(cfg Config) *Filters {
-	return &Filters{cfg: cfg.withDefaults(), chains: make(map[Key]*chain), byNS: make(map[uint32][]bucketChain)}
+	cfg = cfg.withDefaults()
+	return &Filters{
+		cfg:    cfg,
+		first:  sizingFor(cfg.FPRate * firstShare),
+		blind:  sizingFor(cfg.FPRate * blindShare),
+		chains: make(map[Key]*chain),
+		byNS:   make(map[uint32][]bucketChain),
+	}
 }
 
 // Config returns the effective configuration.
@@ -228,34 +221,6 @@ func (f *Filters) Ready() bool {
 func HashKey(dst []byte, nsID uint32, id []byte) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, nsID)
 	return append(dst, id...)
-}
-
-// Probe is one ID's filter locations (bits-and-blooms Locations), hashed
-// once and then tested against, or added to, any number of filters: a
-// lookup probes every live bucket of a namespace, so hashing per filter
-// would cost O(buckets) hashes per ID. The zero Probe is empty; Reset fills
-// it. A Probe is not safe for concurrent use.
-type Probe struct {
-	data []byte
-	locs []uint64
-}
-
-// Reset makes p the probe of data (from HashKey). p keeps a reference to
-// data until the next Reset.
-func (p *Probe) Reset(data []byte) {
-	p.data = data
-	p.locs = p.locs[:0]
-}
-
-// locations returns at least k locations, hashing on first use.
-func (p *Probe) locations(k uint) []uint64 {
-	if uint(len(p.locs)) < k {
-		// Locations(data, k)[i] is the i-th location of every filter
-		// with K >= i (before the modulo by its size), so one set
-		// serves filters of any K up to k.
-		p.locs = bbloom.Locations(p.data, max(k, 8))
-	}
-	return p.locs
 }
 
 // Add records data (from HashKey) in the chain of k, creating it if needed.
@@ -305,20 +270,13 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 		f.growLocked(c, sizeHint)
 	}
 	s := &c.segs[len(c.segs)-1]
-	setBits(s.f, p)
+	p.prepare(s.f.k)
+	s.f.set(p)
 	s.n++
 	if c.pending != nil {
-		setBits(c.pending, p)
+		p.prepare(c.pending.k)
+		c.pending.set(p)
 		c.pendingN++
-	}
-}
-
-// setBits sets p's bits in bf, as BloomFilter.Add does.
-func setBits(bf *bbloom.BloomFilter, p *Probe) {
-	m := uint64(bf.Cap())
-	bs := bf.BitSet()
-	for _, l := range p.locations(bf.K())[:bf.K()] {
-		bs.Set(uint(l % m))
 	}
 }
 
@@ -334,11 +292,11 @@ func setBits(bf *bbloom.BloomFilter, p *Probe) {
 func (f *Filters) growLocked(c *chain, sizeHint uint) {
 	P := f.cfg.FPRate
 	var n uint
-	var p float64
+	var sz sizing
 	if len(c.segs) == 0 {
-		n, p = f.cfg.ExpectedPerBucket, P*blindShare
+		n, sz = f.cfg.ExpectedPerBucket, f.blind
 		if sizeHint > 0 {
-			n, p, c.sized = min(sizeHint, 1<<32), P*firstShare, true
+			n, sz, c.sized = min(sizeHint, 1<<32), f.first, true
 		}
 	} else {
 		used := 0.0
@@ -352,10 +310,10 @@ func (f *Filters) growLocked(c *chain, sizeHint uint) {
 			n = last * 2
 		}
 		n = max(n, minSegment)
-		p = max((P-used)*tighten, P/(1<<20))
+		sz = sizingFor(max((P-used)*tighten, P/(1<<20)))
 	}
-	bf := newFilter(n, p)
-	f.maxK = max(f.maxK, bf.K())
+	bf := newFilter(sz.shape(n))
+	f.maxK = max(f.maxK, bf.k)
 	c.segs = append(c.segs, segment{f: bf, limit: n})
 }
 
@@ -395,12 +353,10 @@ func (f *Filters) MayContain(k Key, data []byte) bool {
 	if c == nil {
 		return false
 	}
-	for i := range c.segs {
-		if c.segs[i].f.Test(data) {
-			return true
-		}
-	}
-	return false
+	var p Probe
+	p.Reset(data)
+	p.prepare(f.maxK)
+	return c.mayContain(&p)
 }
 
 // MayContainProbe is MayContain with a Probe.
@@ -411,7 +367,8 @@ func (f *Filters) MayContainProbe(k Key, p *Probe) bool {
 	if c == nil {
 		return false
 	}
-	return c.mayContain(p.locations(f.maxK))
+	p.prepare(f.maxK)
+	return c.mayContain(p)
 }
 
 // Candidates appends to dst, newest first, every bucket of namespace nsID
@@ -429,9 +386,9 @@ func (f *Filters) Candidates(nsID uint32, p *Probe, dst []uint64) ([]uint64, boo
 	if len(bcs) == 0 {
 		return dst, true
 	}
-	locs := p.locations(f.maxK)
+	p.prepare(f.maxK)
 	for i := len(bcs) - 1; i >= 0; i-- {
-		if bcs[i].c.mayContain(locs) {
+		if bcs[i].c.mayContain(p) {
 			dst = append(dst, bcs[i].bucket)
 		}
 	}
@@ -468,10 +425,10 @@ func (f *Filters) DropNamespace(nsID uint32) {
 // recomputeMaxKLocked sets maxK from the segments that remain: O(chains),
 // run when segments go away (a drop, a compaction), not per ID.
 func (f *Filters) recomputeMaxKLocked() {
-	var k uint
+	var k int
 	for _, c := range f.chains {
 		for i := range c.segs {
-			k = max(k, c.segs[i].f.K())
+			k = max(k, c.segs[i].f.k)
 		}
 	}
 	f.maxK = k
@@ -494,7 +451,7 @@ func (f *Filters) Observe(maybe, found bool) {
 // Stats describes the filters' memory and accuracy.
 type Stats struct {
 	Filters uint64
-	// MemoryBytes is the filters' bit arrays (whole words), including
+	// MemoryBytes is the filters' bit arrays, including
 	// those of compactions in progress.
 	MemoryBytes uint64
 	// IDs counts the IDs added to the chains: a compacted chain counts the
@@ -523,7 +480,7 @@ func (f *Filters) Stats() Stats {
 		}
 		s.MemoryBytes += c.bits() / 8
 		if c.pending != nil {
-			s.MemoryBytes += wordBits(c.pending.Cap()) / 8
+			s.MemoryBytes += c.pending.bits() / 8
 		}
 	}
 	s.Ready = f.ready

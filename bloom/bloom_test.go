@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-
-	bbloom "github.com/bits-and-blooms/bloom/v3"
 )
 
 func TestChainKeepsFalsePositiveRateUnderTarget(t *testing.T) {
@@ -100,51 +98,6 @@ func TestSaveLoadRoundTripAndCorruptionRejected(t *testing.T) {
 	other := New(Config{ExpectedPerBucket: 200})
 	if _, err := other.Load(bytes.NewReader(buf.Bytes())); !errors.Is(err, ErrBadFilterFile) {
 		t.Fatalf("parameter mismatch accepted: %v", err)
-	}
-}
-
-// The probe path must set exactly the bits bits-and-blooms' own Add sets
-// and answer exactly as its Test: saved files and rebuilt filters stay
-// interchangeable.
-func TestProbeMatchesLibraryAddAndTest(t *testing.T) {
-	f := New(Config{ExpectedPerBucket: 1000, FPRate: 0.01})
-	k := Key{Namespace: 3, Bucket: 9}
-	for i := range 5000 { // grows the chain: segments with different K
-		f.Add(k, HashKey(nil, 3, fmt.Appendf(nil, "in-%d", i)))
-	}
-	c := f.chains[k]
-	if len(c.segs) < 2 {
-		t.Fatalf("want a grown chain, have %d segments", len(c.segs))
-	}
-	for si, s := range c.segs {
-		ref := bbloom.New(s.f.Cap(), s.f.K())
-		start := 0
-		for j := 0; j < si; j++ {
-			start += int(c.segs[j].n)
-		}
-		for i := start; i < start+int(s.n); i++ {
-			ref.Add(HashKey(nil, 3, fmt.Appendf(nil, "in-%d", i)))
-		}
-		if !ref.Equal(s.f) {
-			t.Fatalf("segment %d: bits differ from bits-and-blooms Add", si)
-		}
-	}
-	for i := range 20000 {
-		data := HashKey(nil, 3, fmt.Appendf(nil, "probe-%d", i))
-		want := false
-		for _, s := range c.segs {
-			want = want || s.f.Test(data)
-		}
-		var p Probe
-		p.Reset(data)
-		cands, ready := f.Candidates(3, &p, nil)
-		if !ready && i == 0 {
-			f.SetReady(true)
-			cands, _ = f.Candidates(3, &p, nil)
-		}
-		if got := len(cands) == 1; got != want || f.MayContain(k, data) != want {
-			t.Fatalf("id %d: probe says %v, library Test says %v", i, got, want)
-		}
 	}
 }
 

@@ -4,12 +4,10 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-
-	bbloom "github.com/bits-and-blooms/bloom/v3"
 )
 
 // Compaction rebuilds one bucket's chain into a single filter sized for the
-// bucket's live IDs at firstShare of the rate budget (9.69 bits per ID at
+// bucket's live IDs at firstShare of the rate budget (9.86 bits per ID at
 // 1%): a chain of growing filters costs 15–25 bits per ID (each growth
 // segment is tighter than the last, the newest is partly empty) and a
 // first filter sized for more IDs than arrived wastes the difference.
@@ -19,8 +17,8 @@ import (
 //
 // Bits of one filter cannot be re-hashed into a smaller one, so the IDs
 // come from the owner's storage (Add), not from the old chain; filters of
-// equal m and k can be OR-ed, so IDs added to the bucket while the
-// compaction runs go to a pending filter with the new one's m and k (as
+// equal size and k can be OR-ed, so IDs added to the bucket while the
+// compaction runs go to a pending filter with the new one's size and k (as
 // well as to the old chain, which keeps answering) and are OR-ed in by
 // Finish. No ID can be lost in between: see BeginCompact.
 //
@@ -29,8 +27,8 @@ type Compaction struct {
 	f       *Filters
 	k       Key
 	c       *chain
-	nf      *bbloom.BloomFilter
-	pending *bbloom.BloomFilter
+	nf      *filter
+	pending *filter
 	limit   uint
 	n       uint
 	exact   bool
@@ -39,8 +37,8 @@ type Compaction struct {
 
 // idealBits is the size of a compacted filter for n IDs.
 func (f *Filters) idealBits(n uint) uint64 {
-	m, _ := bbloom.EstimateParameters(max(n, 1), f.cfg.FPRate*firstShare)
-	return wordBits(m)
+	w, _ := f.first.shape(n)
+	return uint64(w) * 64
 }
 
 // CompactionCandidates appends to dst, sorted, the chains worth compacting
@@ -134,8 +132,8 @@ func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
 		// share). The next quiet poll compacts it exactly.
 		limit += limit / 4
 	}
-	nf := newFilter(limit, f.cfg.FPRate*firstShare)
-	c.pending, c.pendingN = bbloom.New(nf.Cap(), nf.K()), 0
+	nf := newFilter(f.first.shape(limit))
+	c.pending, c.pendingN = newFilter(len(nf.words), nf.k), 0
 	return &Compaction{f: f, k: k, c: c, nf: nf, pending: c.pending, limit: limit, exact: !c.growing}
 }
 
@@ -143,7 +141,8 @@ func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
 // no lock: the new filter is private until Finish.
 func (cp *Compaction) Add(data []byte) {
 	cp.probe.Reset(data)
-	setBits(cp.nf, &cp.probe)
+	cp.probe.prepare(cp.nf.k)
+	cp.nf.set(&cp.probe)
 	cp.n++
 }
 
@@ -158,8 +157,8 @@ func (cp *Compaction) Finish() bool {
 	if f.chains[cp.k] != c || c.pending != cp.pending {
 		return false
 	}
-	if err := cp.nf.Merge(c.pending); err != nil {
-		panic(fmt.Sprintf("bloom: pending filter differs from the compacted one: %v", err)) // same m and k by construction
+	if err := cp.nf.merge(c.pending); err != nil {
+		panic(fmt.Sprintf("bloom: pending filter differs from the compacted one: %v", err)) // same size and k by construction
 	}
 	n := cp.n + c.pendingN
 	c.segs = []segment{{f: cp.nf, n: n, limit: cp.limit}}

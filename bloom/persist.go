@@ -10,18 +10,22 @@ import (
 	"io"
 	"io/fs"
 	"math"
-
-	bbloom "github.com/bits-and-blooms/bloom/v3"
 )
 
 // File format written by Save (integers big-endian):
 //
-//	magic "DDNBLOM1" | expected per bucket (8) | fp rate (8, float64 bits)
+//	magic "DDNBLOM2" | expected per bucket (8) | fp rate (8, float64 bits)
 //	| applied index (8) | chains (8)
 //	chain*: namespace (4) | bucket (8) | segments (4)
-//	        segment*: n (8) | limit (8) | bits-and-blooms filter (WriteTo)
+//	        segment*: n (8) | limit (8) | k (4) | words (8) | word* (8)
 //	SHA-256 of every preceding byte (32)
-const persistMagic = "DDNBLOM1"
+//
+// A segment is a blocked filter (filter, blocked.go, documents which bits
+// an ID sets): words < 16 is one short block, else words / 16 blocks of 16.
+// "DDNBLOM1" files held bits-and-blooms filters (murmur3 locations over one
+// bit array): Load refuses them (ErrBadFilterFile) and the owner rebuilds
+// the filters from storage.
+const persistMagic = "DDNBLOM2"
 
 // ErrBadFilterFile is returned by Load for a file whose checksum, magic or
 // parameters do not match; the caller discards it and rebuilds.
@@ -40,6 +44,7 @@ func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
 	binary.BigEndian.PutUint64(hdr[32:], uint64(len(f.chains)))
 	bw.Write(hdr[:])
 	var err error
+	buf := make([]byte, 0, 4096)
 	for k, c := range f.chains {
 		var ch [16]byte
 		binary.BigEndian.PutUint32(ch[:], k.Namespace)
@@ -47,12 +52,21 @@ func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
 		binary.BigEndian.PutUint32(ch[12:], uint32(len(c.segs)))
 		bw.Write(ch[:])
 		for _, s := range c.segs {
-			var sh [16]byte
+			var sh [28]byte
 			binary.BigEndian.PutUint64(sh[:], uint64(s.n))
 			binary.BigEndian.PutUint64(sh[8:], uint64(s.limit))
+			binary.BigEndian.PutUint32(sh[16:], uint32(s.f.k))
+			binary.BigEndian.PutUint64(sh[20:], uint64(len(s.f.words)))
 			bw.Write(sh[:])
-			if _, err = s.f.WriteTo(bw); err != nil {
-				break
+			buf = buf[:0]
+			for i, w := range s.f.words {
+				buf = binary.BigEndian.AppendUint64(buf, w)
+				if len(buf) == cap(buf) || i == len(s.f.words)-1 {
+					if _, err = bw.Write(buf); err != nil {
+						break
+					}
+					buf = buf[:0]
+				}
 			}
 		}
 	}
@@ -110,14 +124,21 @@ func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
 		}
 		c := &chain{}
 		for range nseg {
-			var sh [16]byte
+			var sh [28]byte
 			if _, err := io.ReadFull(rd, sh[:]); err != nil {
 				return 0, fmt.Errorf("%w: segment header: %v", ErrBadFilterFile, err)
 			}
-			bf := &bbloom.BloomFilter{}
-			if _, err := bf.ReadFrom(rd); err != nil {
-				return 0, fmt.Errorf("%w: segment: %v", ErrBadFilterFile, err)
+			fk := binary.BigEndian.Uint32(sh[16:])
+			nw := binary.BigEndian.Uint64(sh[20:])
+			if fk < 1 || fk > maxK || nw == 0 || (nw > blockWords && nw%blockWords != 0) || nw > uint64(rd.Len())/8 {
+				return 0, fmt.Errorf("%w: segment of %d words, k=%d", ErrBadFilterFile, nw, fk)
 			}
+			bf := newFilter(int(nw), int(fk))
+			ws := body[len(body)-rd.Len():][:nw*8] // length checked above
+			for i := range bf.words {
+				bf.words[i] = binary.BigEndian.Uint64(ws[8*i:])
+			}
+			rd.Seek(int64(nw*8), io.SeekCurrent)
 			c.segs = append(c.segs, segment{f: bf, n: uint(binary.BigEndian.Uint64(sh[:])), limit: uint(binary.BigEndian.Uint64(sh[8:]))})
 		}
 		chains[k] = c
