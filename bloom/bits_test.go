@@ -479,14 +479,7 @@ func TestCompactionKeepsIDsAddedMeanwhile(t *testing.T) {
 	live := liveSet{k: 21_000}
 	measure(t, f, live, 10, 1)
 
-	var saved bytes.Buffer
-	if err := f.Save(&saved, 9); err != nil {
-		t.Fatal(err)
-	}
-	g := New(Config{ExpectedPerBucket: 1000})
-	if _, err := g.Load(bytes.NewReader(saved.Bytes())); err != nil {
-		t.Fatal(err)
-	}
+	g := saveLoad(t, f, 9, Config{ExpectedPerBucket: 1000})
 	measure(t, g, live, 10, 1)
 	// Growth after a load, then another compaction.
 	for i := uint64(21_000); i < 40_000; i++ {
@@ -569,22 +562,44 @@ func TestCompactionOfReplacedChainIsDiscarded(t *testing.T) {
 	}
 }
 
-// The poller leaves right-sized and growing chains alone.
-func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
-	f := New(Config{ExpectedPerBucket: 1000})
+// saveLoad saves f at applied index idx and loads the file into new
+// filters of cfg.
+func saveLoad(t *testing.T, f *Filters, idx uint64, cfg Config) *Filters {
+	t.Helper()
+	var saved bytes.Buffer
+	if err := f.Save(&saved, idx); err != nil {
+		t.Fatal(err)
+	}
+	g := New(cfg)
+	if _, err := g.Load(bytes.NewReader(saved.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// oneBucket returns ready filters, one bucket's key, and add, which adds
+// the bucket's test IDs from..to-1.
+func oneBucket() (f *Filters, k Key, add func(from, to uint64)) {
+	f = New(Config{ExpectedPerBucket: 1000})
 	f.SetReady(true)
-	k := Key{Namespace: 1, Bucket: 1}
+	k = Key{Namespace: 1, Bucket: 1}
 	var buf []byte
-	add := func(from, to uint64) {
+	add = func(from, to uint64) {
 		for i := from; i < to; i++ {
 			f.Add(k, testID(buf[:0], k, i))
 		}
 	}
+	return f, k, add
+}
+
+// The poller leaves right-sized and growing chains alone.
+func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
+	f, k, add := oneBucket()
 	live := liveSet{k: 0}
 	add(0, 1000)
 	live[k] = 1000
 	// The blind first filter (P/2, 11 bits per ID) is worth compacting
-	// once; the compacted one (9.7 bits per ID) no more.
+	// once; the compacted one (9.86 bits per ID) no more.
 	if n := compactNow(f, live) + compactNow(f, live); n != 1 {
 		t.Fatalf("a full blind filter was compacted %d times, want 1", n)
 	}
@@ -616,15 +631,7 @@ func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
 // growing chain alone (compacting it re-reads the whole bucket); one as
 // long compacts it, and a chain that gets IDs again starts counting anew.
 func TestCompactionCandidatesWaitForALongEnoughLull(t *testing.T) {
-	f := New(Config{ExpectedPerBucket: 1000})
-	f.SetReady(true)
-	k := Key{Namespace: 1, Bucket: 1}
-	var buf []byte
-	add := func(from, to uint64) {
-		for i := from; i < to; i++ {
-			f.Add(k, testID(buf[:0], k, i))
-		}
-	}
+	f, k, add := oneBucket()
 	live := liveSet{k: 0}
 	poll := func() int { return len(f.CompactionCandidates(live.get, 3, nil)) }
 	add(0, 1500) // the blind filter and a growth segment: worth compacting

@@ -340,14 +340,7 @@ func TestConcurrentAddsNoFalseNegative(t *testing.T) {
 		}
 	}
 	measure(t, f, live, 10, 1)
-	var saved bytes.Buffer
-	if err := f.Save(&saved, 3); err != nil {
-		t.Fatal(err)
-	}
-	g := New(Config{ExpectedPerBucket: 500})
-	if _, err := g.Load(bytes.NewReader(saved.Bytes())); err != nil {
-		t.Fatal(err)
-	}
+	g := saveLoad(t, f, 3, Config{ExpectedPerBucket: 500})
 	measure(t, g, live, 10, 1)
 	settle(g, live)
 	measure(t, g, live, 10, 1)
