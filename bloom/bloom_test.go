@@ -194,3 +194,40 @@ func BenchmarkHashKey(b *testing.B) {
 		dst = HashKey(dst[:0], 7, id)
 	}
 }
+
+// failingWriter fails the one write that crosses limit bytes and accepts
+// the writes after it, so an error the writer's caller drops leaves a short
+// file that would look saved.
+type failingWriter struct {
+	limit  int
+	failed bool
+}
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if !w.failed && len(p) > w.limit {
+		w.failed = true
+		return w.limit, errors.New("disk full")
+	}
+	w.limit -= len(p)
+	return len(p), nil
+}
+
+// A write that fails anywhere in the file, in the filters' words or in the
+// trailing checksum, makes Save return an error rather than leave a short
+// file reported as saved.
+func TestSaveReportsAFailedWrite(t *testing.T) {
+	f := New(Config{ExpectedPerBucket: 100_000})
+	k := Key{Namespace: 1, Bucket: 1}
+	for i := range 1000 {
+		f.Add(k, HashKey(nil, 1, fmt.Appendf(nil, "id-%d", i)))
+	}
+	var full bytes.Buffer
+	if err := f.Save(&full, 7); err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{0, 100, full.Len() / 2, full.Len() - 1} {
+		if err := f.Save(&failingWriter{limit: limit}, 7); err == nil {
+			t.Errorf("Save into a writer failing after %d of %d bytes reported success", limit, full.Len())
+		}
+	}
+}

@@ -42,9 +42,10 @@ func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
 	binary.BigEndian.PutUint64(hdr[16:], math.Float64bits(f.cfg.FPRate))
 	binary.BigEndian.PutUint64(hdr[24:], appliedIndex)
 	binary.BigEndian.PutUint64(hdr[32:], uint64(len(f.chains)))
+	// bufio.Writer keeps the first write error and returns it from every
+	// later Write and from Flush, so only Flush is checked.
 	bw.Write(hdr[:])
-	var err error
-	buf := make([]byte, 0, 4096)
+	var word [8]byte
 	for k, c := range f.chains {
 		var ch [16]byte
 		binary.BigEndian.PutUint32(ch[:], k.Namespace)
@@ -58,22 +59,13 @@ func (f *Filters) Save(w io.Writer, appliedIndex uint64) error {
 			binary.BigEndian.PutUint32(sh[16:], uint32(s.f.k))
 			binary.BigEndian.PutUint64(sh[20:], uint64(len(s.f.words)))
 			bw.Write(sh[:])
-			buf = buf[:0]
-			for i, w := range s.f.words {
-				buf = binary.BigEndian.AppendUint64(buf, w)
-				if len(buf) == cap(buf) || i == len(s.f.words)-1 {
-					if _, err = bw.Write(buf); err != nil {
-						break
-					}
-					buf = buf[:0]
-				}
+			for _, w := range s.f.words {
+				binary.BigEndian.PutUint64(word[:], w)
+				bw.Write(word[:])
 			}
 		}
 	}
 	f.mu.RUnlock()
-	if err != nil {
-		return fmt.Errorf("save bloom filters: %w", err)
-	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("save bloom filters: %w", err)
 	}
