@@ -2,12 +2,9 @@ package fsm
 
 import (
 	"bytes"
-	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -27,11 +24,12 @@ func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 //
 // Writes go to the FSM's write buffer (DESIGN.md, "Write buffer"): a
 // pending Pebble batch plus the overlay that makes its records visible to
-// lookups and Check. The buffer is committed, with the applied index in the
-// same batch, once it is large enough for Pebble to take it as a flushable
-// batch, or holds maxBuffered records or entries; Snapshot, DigestState and
-// Close commit it first. Replicas may commit at different points; the
-// state they reach does not depend on where.
+// lookups and Check. Once it is large enough for Pebble to take it as a
+// flushable batch, or holds Buffer.MaxRecords records or MaxEntries
+// entries, the buffer is sealed with the applied index in its batch and
+// committed in the background (flush.go); Snapshot, DigestState and Close
+// commit it first. Replicas may commit at different points; the state
+// they reach does not depend on where.
 //
 // A storage failure panics: a replica that cannot apply must stop rather
 // than diverge.
@@ -80,135 +78,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	}
 	a.foldHot()
 	if a.full() {
-		f.flushLocked()
+		f.handOffLocked()
 	}
 	close(f.notify)
 	f.notify = make(chan struct{})
 	return out
 }
-
-// full reports whether the write buffer should be committed now: Pebble
-// takes it without skiplist inserts, it reached a count bound, or it drops
-// buckets or a namespace (rare: at most one bucket per bucket width and
-// namespace), whose space comes back only once the range deletion is in
-// the database and compacted.
-func (a *applier) full() bool {
-	lim := a.f.cfg.Buffer
-	bytes, count := a.b.Len()+a.ov.bytes, int(a.b.Count())+a.ov.present
-	return len(a.dropped) > 0 || a.f.db.LargeBatch(bytes, count) ||
-		len(a.ov.slots) >= lim.MaxRecords ||
-		a.entries >= lim.MaxEntries ||
-		(lim.MaxBytes > 0 && bytes >= lim.MaxBytes)
-}
-
-// flushLocked commits the write buffer with the bucket counts, applied
-// index and last timestamp it covers, in one Pebble batch (unsynced, like
-// every apply before the buffer: see DESIGN.md, Durability), then empties
-// it. A crash loses the buffer and nothing else: Pebble holds a state as
-// of its persisted applied index, and Raft replays the entries after it.
-// REQUIRES: f.mu held exclusively.
-func (f *FSM) flushLocked() {
-	a := f.applier
-	if f.st.applied == f.persisted || a.b == nil {
-		return
-	}
-	a.foldHot()
-	a.flushCounts()
-	a.appendRecords()
-	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
-	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
-	a.lastLen = min(a.b.Len(), maxBatchPrealloc)
-	must(a.b.Commit(pebble.NoSync))
-	f.persisted = f.st.applied
-	if len(a.dropped) > 0 {
-		f.bg.compact(a.dropped)
-	}
-	a.discard()
-}
-
-// appendRecords adds the buffered records to the pending batch, in key
-// order, after every other write of the buffer: the batch then holds, in
-// apply order, the deletions (moved and forgotten records' old keys,
-// dropped buckets and namespaces) and the small keys (counts, namespaces,
-// nodes), followed by one Set per live record. That is the state the
-// entries produce: a record written and then superseded, removed, or
-// dropped with its bucket or namespace has no present overlay entry in a
-// live bucket, and a deletion never follows the final version of a key
-// (the overlay holds that version: a later deletion would have replaced
-// it). Writing the large part sorted makes Pebble's sort of the flushable
-// batch's index nearly linear. Dropped buckets never come back, so the
-// liveness test below is the one lookups apply.
-func (a *applier) appendRecords() {
-	// One pass in slot order (sequential memory) encodes every live
-	// record's key and value into enc; the sorted pass then reads one
-	// contiguous span per record instead of its slot, its key and its
-	// token and digest in the arena (cache misses at random places of a
-	// buffer of tens of MiB).
-	a.order, a.enc = a.order[:0], a.enc[:0]
-	var last bloom.Key
-	lastLive, haveLast := false, false
-	for i := range a.ov.slots {
-		s := &a.ov.slots[i]
-		if !s.e.present {
-			continue
-		}
-		k := a.ov.keys[s.off : s.off+s.n]
-		key := bloom.Key{Namespace: binary.BigEndian.Uint32(k), Bucket: s.e.bucket}
-		if !haveLast || key != last {
-			_, lastLive = a.f.st.counts[key]
-			last, haveLast = key, true
-		}
-		if !lastLive {
-			continue
-		}
-		off := len(a.enc)
-		a.enc = storage.AppendRecordKey(a.enc, key.Namespace, key.Bucket, k[4:])
-		klen := len(a.enc) - off
-		a.enc = appendRecord(a.enc, &s.e.rec)
-		if uint64(len(a.enc)) > math.MaxUint32 || klen > math.MaxUint16 || len(a.enc)-off-klen > math.MaxUint16 {
-			panic(fmt.Sprintf("fsm: write buffer record too large to sort (%d bytes of keys and values)", len(a.enc)))
-		}
-		var pre [8]byte
-		copy(pre[:], k[4:])
-		a.order = append(a.order, recOrder{ns: key.Namespace, bucket: key.Bucket, pre: binary.BigEndian.Uint64(pre[:]),
-			off: uint32(off), klen: uint16(klen), vlen: uint16(len(a.enc) - off - klen)})
-	}
-	enc := a.enc
-	slices.SortFunc(a.order, func(x, y recOrder) int {
-		switch {
-		case x.ns != y.ns:
-			return cmp.Compare(x.ns, y.ns)
-		case x.bucket != y.bucket:
-			return cmp.Compare(x.bucket, y.bucket)
-		case x.pre != y.pre:
-			return cmp.Compare(x.pre, y.pre)
-		}
-		return bytes.Compare(x.key(enc), y.key(enc))
-	})
-	for _, r := range a.order {
-		k := r.key(enc)
-		must(a.b.Set(k, enc[int(r.off)+len(k):int(r.off)+len(k)+int(r.vlen)], nil))
-	}
-	if cap(a.enc) > maxReusedEnc {
-		a.enc = nil
-	}
-}
-
-// maxReusedEnc bounds appendRecords' scratch kept between flushes.
-const maxReusedEnc = 32 << 20
-
-// recOrder sorts buffered records by key: namespace, bucket, then the ID
-// (its first 8 bytes as an integer, zero-padded, then the whole key). The
-// record's key is enc[off:off+klen], its value the vlen bytes after it.
-type recOrder struct {
-	ns         uint32
-	off        uint32
-	bucket     uint64
-	pre        uint64
-	klen, vlen uint16
-}
-
-func (r recOrder) key(enc []byte) []byte { return enc[r.off : r.off+uint32(r.klen)] }
 
 // ErrApplyDeferred answers entries the FSM did not apply because the node
 // stopped while applying was paused (Config.ApplyGate): they are committed
@@ -232,8 +107,9 @@ type applier struct {
 	b *pebble.Batch
 	// ov overlays the records written since the last flush (not yet
 	// visible in the database), keyed by HashKey(nsID, id). Check reads
-	// it under f.mu shared.
-	ov overlay
+	// it under f.mu shared. spare is the overlay of the last committed
+	// buffer, emptied, for the next hand-off.
+	ov, spare *overlay
 	// dirty holds the buckets whose count changed since the last flush;
 	// dropped the ranges deleted since, compacted after the flush;
 	// entries counts the Raft entries applied since.
@@ -256,9 +132,6 @@ type applier struct {
 	hot    bloom.Key
 	hotN   uint64
 	hotSet bool
-	// order and enc are appendRecords' scratch.
-	order []recOrder
-	enc   []byte
 	// lastLen is the size of the last committed batch (the next one is
 	// allocated that size, up to maxBatchPrealloc).
 	lastLen int
@@ -279,7 +152,16 @@ func (a *applier) discard() {
 		a.b.Close()
 		a.b = nil
 	}
+	if a.ov == nil {
+		a.ov = newOverlay()
+	}
 	a.ov.reset()
+	a.clearPending()
+}
+
+// clearPending forgets the bookkeeping of the buffer (after it was
+// discarded or handed to a flush).
+func (a *applier) clearPending() {
 	if a.dirty == nil {
 		a.dirty = make(map[bloom.Key]struct{})
 	} else {
@@ -309,23 +191,36 @@ func recordBytesLowerBound(idLen int, rec *Record) int {
 // full keys are compared. The hash only finds slots, never decides a
 // result, so its random seed does not make apply nondeterministic.
 //
+// Slots live in fixed-size chunks rather than one slice: a slice of a
+// hundred thousand slots grown by append copied itself (16 MiB and more)
+// under f.mu, stalling applies for tens of milliseconds.
+//
 // The overlay outlives the entries that wrote it, so it copies each
 // record's token and digest into arena chunks it owns. A chunk is never
 // reused (reset starts a new one): records handed out by lookups alias it
 // and may still be read, e.g. in an ApplyResult being sent to a client.
 type overlay struct {
-	seed  maphash.Seed
-	idx   map[uint64]int
-	slots []ovSlot
-	keys  []byte
-	arena []byte
+	seed   maphash.Seed
+	idx    map[uint64]int
+	chunks [][]ovSlot // every chunk but the last holds slotChunk slots
+	n      int        // slots in use
+	keys   []byte
+	arena  []byte
 	// present counts the slots holding a record, and bytes the lower bound
 	// of their size in a Pebble batch (recordBytesLowerBound).
 	present, bytes int
 }
 
-// arenaChunk is the size of one arena chunk.
-const arenaChunk = 64 << 10
+// arenaChunk is the size of one arena chunk; slotChunk the slots in one
+// chunk of slots (128 KiB).
+const (
+	arenaChunk = 64 << 10
+	slotChunk  = 1 << 10
+)
+
+func newOverlay() *overlay {
+	return &overlay{seed: maphash.MakeSeed(), idx: make(map[uint64]int)}
+}
 
 // own returns a copy of p in the arena (nil for an empty p).
 func (o *overlay) own(p []byte) []byte {
@@ -340,11 +235,15 @@ func (o *overlay) own(p []byte) []byte {
 	return o.arena[n : n+len(p) : n+len(p)]
 }
 
-// each calls fn for every key and entry of the overlay.
+func (o *overlay) slot(i int) *ovSlot { return &o.chunks[i/slotChunk][i%slotChunk] }
+
+func (o *overlay) key(s *ovSlot) []byte { return o.keys[s.off : s.off+s.n] }
+
+// each calls fn for every key and entry of the overlay, in insertion order.
 func (o *overlay) each(fn func(k []byte, e *ovEntry)) {
-	for i := range o.slots {
-		s := &o.slots[i]
-		fn(o.keys[s.off:s.off+s.n], &s.e)
+	for i := range o.n {
+		s := o.slot(i)
+		fn(o.key(s), &s.e)
 	}
 }
 
@@ -360,9 +259,8 @@ func (o *overlay) find(h uint64, k []byte) int {
 	if !ok {
 		return -1
 	}
-	for ; i >= 0; i = o.slots[i].next {
-		s := &o.slots[i]
-		if bytes.Equal(o.keys[s.off:s.off+s.n], k) {
+	for ; i >= 0; i = o.slot(i).next {
+		if bytes.Equal(o.key(o.slot(i)), k) {
 			return i
 		}
 	}
@@ -370,7 +268,7 @@ func (o *overlay) find(h uint64, k []byte) int {
 }
 
 func (o *overlay) get(k []byte) (ovEntry, bool) {
-	if len(o.slots) == 0 {
+	if o == nil || o.n == 0 {
 		return ovEntry{}, false
 	}
 	return o.getHash(maphash.Bytes(o.seed, k), k)
@@ -378,7 +276,7 @@ func (o *overlay) get(k []byte) (ovEntry, bool) {
 
 func (o *overlay) getHash(h uint64, k []byte) (ovEntry, bool) {
 	if i := o.find(h, k); i >= 0 {
-		return o.slots[i].e, true
+		return o.slot(i).e, true
 	}
 	return ovEntry{}, false
 }
@@ -394,7 +292,7 @@ func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
 		o.bytes += size
 	}
 	if i := o.find(h, k); i >= 0 {
-		s := &o.slots[i]
+		s := o.slot(i)
 		if s.e.present {
 			o.present--
 			o.bytes -= s.size
@@ -406,21 +304,28 @@ func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
 	if !ok {
 		next = -1
 	}
-	o.idx[h] = len(o.slots)
-	o.slots = append(o.slots, ovSlot{off: len(o.keys), n: len(k), next: next, size: size, e: e})
+	c := o.n / slotChunk
+	if c == len(o.chunks) {
+		o.chunks = append(o.chunks, make([]ovSlot, slotChunk))
+	}
+	o.chunks[c][o.n%slotChunk] = ovSlot{off: len(o.keys), n: len(k), next: next, size: size, e: e}
+	o.idx[h] = o.n
+	o.n++
 	o.keys = append(o.keys, k...)
 }
 
 // reset empties the overlay, keeping its memory unless one huge batch
 // grew it past maxReusedOverlay entries.
 func (o *overlay) reset() {
-	if o.idx == nil || len(o.slots) > maxReusedOverlay {
-		*o = overlay{seed: maphash.MakeSeed(), idx: make(map[uint64]int)}
+	if o.idx == nil || o.n > maxReusedOverlay {
+		*o = *newOverlay()
 		return
 	}
 	clear(o.idx)
-	clear(o.slots) // drop references to the arena
-	o.slots, o.keys, o.arena = o.slots[:0], o.keys[:0], nil
+	for c := range o.chunks[:(o.n+slotChunk-1)/slotChunk] {
+		clear(o.chunks[c]) // drop references to the arena
+	}
+	o.n, o.keys, o.arena = 0, o.keys[:0], nil
 	o.present, o.bytes = 0, 0
 }
 

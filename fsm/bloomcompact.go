@@ -101,12 +101,16 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 		f.mu.RUnlock()
 		return nil
 	}
-	f.applier.ov.each(func(hkey []byte, e *ovEntry) {
+	add := func(hkey []byte, e *ovEntry) {
 		// hkey is HashKey(nsID, id): the namespace ID comes first.
 		if e.present && e.bucket == k.Bucket && binary.BigEndian.Uint32(hkey) == k.Namespace {
 			cp.Add(hkey)
 		}
-	})
+	}
+	f.applier.ov.each(add)
+	if f.flushing != nil { // its batch may not be in the snapshot yet
+		f.flushing.ov.each(add)
+	}
 	snap := f.db.NewSnapshot()
 	f.mu.RUnlock()
 	defer snap.Close()

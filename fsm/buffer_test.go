@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -315,4 +317,62 @@ func TestBufferedRecordsAndBucketDrops(t *testing.T) {
 		t.Fatal("the namespace ops changed nothing")
 	}
 	wantCode(t, "b after reopen", h.check(t0+3_600_000, "b"), CodeSeen)
+}
+
+// TestRecordsBeingCommittedStayVisible: while a full buffer is written to
+// Pebble in the background, applies go on into a new buffer, and the
+// sealed buffer's records answer Check and apply's lookups from its
+// overlay (a second mark is a DUPLICATE, a forget in the new buffer hides
+// one); the database holds none of them yet. Once the write is done the
+// persisted index reaches the sealed buffer, and a reopened FSM holds
+// every record.
+func TestRecordsBeingCommittedStayVisible(t *testing.T) {
+	h := newHarness(t)
+	h.f.cfg.Buffer = BufferLimits{MaxRecords: 10, MaxEntries: 1 << 20}.withDefaults()
+	started, release := make(chan struct{}), make(chan struct{})
+	var hold, unhold sync.Once
+	h.f.beforeFlush = func() { hold.Do(func() { close(started); <-release }) }
+	// Runs before the harness closes the FSM (cleanups run last first):
+	// Close waits for the held write.
+	t.Cleanup(func() { unhold.Do(func() { close(release) }) })
+	id := func(i int) string { return fmt.Sprintf("id-%d", i) }
+	for i := range 10 {
+		wantCode(t, "mark "+id(i), h.mark(t0, id(i), 10_000), CodeNew)
+	}
+	<-started // the tenth record filled the buffer; its write waits
+	sealed := h.index
+	if p := h.f.PersistedIndex(); p >= sealed {
+		t.Fatalf("persisted index %d while the buffer up to %d is held", p, sealed)
+	}
+	stored := 0
+	if err := scanPrefix(h.f.db, []byte{storage.PrefixRecord}, func(k, _ []byte) error { stored++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 0 {
+		t.Fatalf("%d records in the database before the held write", stored)
+	}
+	for i := range 10 {
+		wantCode(t, "check "+id(i), h.check(t0, id(i)), CodeSeen)
+	}
+	wantCode(t, "mark again", h.mark(t0, id(3), 10_000), CodeDuplicate)
+	wantCode(t, "forget", h.one(t0, Op{Kind: OpForget, Items: []Item{{ID: []byte(id(4))}}}), CodeOK)
+	wantCode(t, "forgotten", h.check(t0, id(4)), CodeNotSeen)
+	wantCode(t, "mark new", h.mark(t0, "fresh", 10_000), CodeNew)
+	unhold.Do(func() { close(release) })
+	deadline := time.Now().Add(30 * time.Second)
+	for h.f.PersistedIndex() < sealed {
+		if time.Now().After(deadline) {
+			t.Fatalf("persisted index %d, want ≥ %d after the write was released", h.f.PersistedIndex(), sealed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.reopen()
+	for i := range 10 {
+		want := CodeSeen
+		if i == 4 {
+			want = CodeNotSeen
+		}
+		wantCode(t, "after reopen "+id(i), h.check(t0, id(i)), want)
+	}
+	wantCode(t, "fresh after reopen", h.check(t0, "fresh"), CodeSeen)
 }

@@ -93,6 +93,13 @@ type FSM struct {
 	swapping    bool       // Restore is swapping the database: no new pinned snapshots
 	lastDropped []keyRange // ranges to compact, handed to the compactor
 	applier     *applier   // the write buffer and ApplyBatch's working state
+	// flushing is the sealed write buffer being committed in the
+	// background (flush.go), nil when none is; scratch is that flush's.
+	flushing *flushJob
+	scratch  flushScratch
+	// beforeFlush, if set (tests), runs in the background flush before it
+	// writes: a test holds a buffer in flight with it.
+	beforeFlush func()
 	// persisted is the applied index stored in the database: st.applied
 	// once the write buffer is committed, below it while it holds entries.
 	persisted uint64

@@ -9,16 +9,15 @@ import (
 // lookups must walk the chain and compare whole keys; a later put of a key
 // replaces its entry; reset empties the overlay.
 func TestOverlay_EqualHashesKeepKeysApart(t *testing.T) {
-	var o overlay
-	o.reset()
+	o := newOverlay()
 	const n = 50
 	key := func(i int) []byte { return fmt.Appendf(nil, "key-%d", i) }
 	for i := range n {
 		o.putHash(7, key(i), ovEntry{bucket: uint64(i), present: true})
 	}
 	o.putHash(7, key(3), ovEntry{bucket: 1000}) // replaced, not added
-	if len(o.slots) != n {
-		t.Fatalf("%d slots, want %d", len(o.slots), n)
+	if o.n != n {
+		t.Fatalf("%d slots, want %d", o.n, n)
 	}
 	for i := range n {
 		e, ok := o.getHash(7, key(i))

@@ -17,14 +17,19 @@ type lookupScratch struct {
 }
 
 // lookupLocked finds the record of id in ns (hkey = HashKey(ns.ID, id)):
-// first in the write buffer's overlay, whose entries shadow the database
+// first in the write buffer's overlay, then in the overlay of the buffer
+// being committed (flush.go), whose entries shadow the database
 // (a buffered removal hides the stored record, which the pending batch
 // deletes), then in the database (lookupStored). fromDB tells which: a
 // stored record aliases sc.vbuf; a buffered one aliases the overlay's
 // arena, never reused. REQUIRES: f.mu held (shared or exclusive) and
 // sc.probe Reset to hkey.
 func (f *FSM) lookupLocked(ns *NamespaceConfig, id, hkey []byte, sc *lookupScratch) (rec Record, bucket uint64, found, fromDB bool, err error) {
-	if e, ok := f.applier.ov.get(hkey); ok {
+	e, ok := f.applier.ov.get(hkey)
+	if !ok && f.flushing != nil {
+		e, ok = f.flushing.ov.get(hkey)
+	}
+	if ok {
 		if !e.present {
 			return Record{}, 0, false, false, nil
 		}

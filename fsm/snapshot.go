@@ -375,7 +375,9 @@ func (f *FSM) swapIn(dir string) error {
 	f.persistWG.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	// The write buffer holds changes to the state being replaced.
+	// The write buffers hold changes to the state being replaced: the one
+	// in flight lands in the old database, the active one is dropped.
+	f.awaitFlushLocked()
 	f.applier.discard()
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("close live db: %w", err)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # case-series.sh — a series of cases (mark-new unless a case names its
-# workload, as check-hit:10s) of different lengths on ONE
+# workload, as check-hit:10s, and --batch unless it names its batch, as
+# mark-new/1:10s) of different lengths on ONE
 # cluster of `serve` processes (fresh data dirs, loopback ports of THIS
 # machine), one markdown row per case: IDs/s, p99, server CPU per ID
 # (utime+stime of the node processes over the case, from /proc, over the
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
 	--profile-dir) PROFDIR=$2; shift 2 ;;
 	--serve-flags) SERVE_FLAGS=$2; shift 2 ;;
 	--bench-flags) BENCH_FLAGS=$2; shift 2 ;;
-	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "case-series.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -103,12 +104,13 @@ echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---:
 n=0
 for c in $CASES; do
 	n=$((n + 1))
-	wl=mark-new len=$c
+	wl=mark-new len=$c batch=$BATCH
 	case "$c" in *:*) wl=${c%%:*} len=${c#*:} ;; esac
+	case "$wl" in */*) batch=${wl#*/} wl=${wl%%/*} ;; esac
 	scrape "$WORK/m0"
 	[ -n "$PROFDIR" ] && kill -USR1 "${SPIDS[@]}"
 	c0=$(cpu_ticks "${SPIDS[@]}")
-	out=$("$BIN" bench --addr "$addrs" -w "$wl" -c 50 -b "$BATCH" -d "$len" --warmup "$WARMUP" --conns 2 \
+	out=$("$BIN" bench --addr "$addrs" -w "$wl" -c 50 -b "$batch" -d "$len" --warmup "$WARMUP" --conns 2 \
 		--max-time 120s --no-progress -o json $BENCH_FLAGS 2>>"$WORK/bench.log")
 	c1=$(cpu_ticks "${SPIDS[@]}")
 	[ -n "$PROFDIR" ] && kill -USR2 "${SPIDS[@]}"

@@ -1,0 +1,248 @@
+package fsm
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/storage"
+)
+
+// A full write buffer is committed to Pebble off the apply path
+// (DESIGN.md, "Write buffer"): ApplyBatch seals it — the counts and the
+// applied index go into its batch, its overlay becomes the flushing
+// overlay — and a goroutine writes its records, sorted, and commits the
+// batch, while applies go on into a new buffer. Lookups read the active
+// overlay, then the flushing one, then the database; the flushing overlay
+// is dropped only after its batch is committed, so every record is in one
+// of the three at every moment. Encoding, sorting and committing a buffer
+// of ~70k records took 100–300 ms on 2 shared cores; under f.mu that was
+// a stall of every apply and every read.
+//
+// At most one buffer is in flight: a buffer that fills while the previous
+// one is still being written waits for it, and so do Snapshot, digests,
+// Close, Restore and every other caller of flushLocked, which then commits
+// the active buffer in place. A buffer that drops buckets or a namespace
+// is also committed in place (rare: at most one bucket per bucket width):
+// its records' liveness depends on the state at the drop, which the next
+// applies change.
+
+// flushJob is one sealed write buffer on its way to the database.
+type flushJob struct {
+	db *storage.DB
+	b  *pebble.Batch
+	ov *overlay
+	// live reports whether a bucket still exists; nil when the buffer
+	// dropped nothing, so every buffered record's bucket is live.
+	live    func(bloom.Key) bool
+	applied uint64
+	dropped []keyRange
+	done    chan struct{} // closed once b is committed
+	len     int           // b.Len() as committed
+	retired bool          // guarded by f.mu
+}
+
+// flushScratch is the scratch of the one flush that runs at a time.
+type flushScratch struct {
+	order []recOrder
+	enc   []byte
+}
+
+// full reports whether the write buffer should be committed now: Pebble
+// takes it without skiplist inserts, it reached a count bound, or it drops
+// buckets or a namespace (rare: at most one bucket per bucket width and
+// namespace), whose space comes back only once the range deletion is in
+// the database and compacted.
+func (a *applier) full() bool {
+	lim := a.f.cfg.Buffer
+	bytes, count := a.b.Len()+a.ov.bytes, int(a.b.Count())+a.ov.present
+	return len(a.dropped) > 0 || a.f.db.LargeBatch(bytes, count) ||
+		a.ov.n >= lim.MaxRecords ||
+		a.entries >= lim.MaxEntries ||
+		(lim.MaxBytes > 0 && bytes >= lim.MaxBytes)
+}
+
+// handOffLocked commits the full write buffer: in the background unless it
+// dropped buckets. REQUIRES: f.mu held exclusively.
+func (f *FSM) handOffLocked() {
+	if len(f.applier.dropped) > 0 {
+		f.flushLocked()
+		return
+	}
+	f.awaitFlushLocked()
+	job := f.sealLocked()
+	f.flushing = job
+	go func() {
+		if f.beforeFlush != nil {
+			f.beforeFlush()
+		}
+		job.write(&f.scratch)
+		close(job.done)
+		f.mu.Lock()
+		f.retireLocked(job)
+		f.mu.Unlock()
+	}()
+}
+
+// flushLocked commits the write buffer with the bucket counts, applied
+// index and last timestamp it covers, in one Pebble batch (unsynced, like
+// every apply before the buffer: see DESIGN.md, Durability), after the
+// buffer in flight if there is one; on return the database holds every
+// applied entry. A crash loses the buffers and nothing else: Pebble holds
+// a state as of its persisted applied index, and Raft replays the entries
+// after it. REQUIRES: f.mu held exclusively.
+func (f *FSM) flushLocked() {
+	f.awaitFlushLocked()
+	if f.st.applied == f.persisted || f.applier.b == nil {
+		return
+	}
+	job := f.sealLocked()
+	job.live = func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
+	job.write(&f.scratch)
+	close(job.done)
+	f.retireLocked(job)
+}
+
+// awaitFlushLocked waits for the buffer in flight, if any, to be
+// committed. It holds f.mu meanwhile: the flush needs no lock to write.
+func (f *FSM) awaitFlushLocked() {
+	if job := f.flushing; job != nil {
+		<-job.done
+		f.retireLocked(job)
+	}
+}
+
+// sealLocked ends the write buffer: its counts, applied index and last
+// timestamp go into its batch, and the applier starts a new buffer.
+func (f *FSM) sealLocked() *flushJob {
+	a := f.applier
+	a.foldHot()
+	a.flushCounts()
+	must(a.b.Set(storage.MetaKey(metaApplied), encodeApplied(f.st.applied, f.st.appliedTerm), nil))
+	must(a.b.Set(storage.MetaKey(metaTs), encodeVarint(f.st.lastTs), nil))
+	job := &flushJob{db: f.db, b: a.b, ov: a.ov, applied: f.st.applied, dropped: a.dropped, done: make(chan struct{})}
+	a.b, a.ov, a.spare = nil, a.spare, nil
+	if a.ov == nil {
+		a.ov = newOverlay()
+	}
+	a.clearPending()
+	return job
+}
+
+// retireLocked records a committed buffer: the persisted index moves to
+// it, its dropped ranges go to the compactor, its overlay is emptied for
+// reuse. Idempotent: the flush goroutine and a waiter may both call it.
+func (f *FSM) retireLocked(job *flushJob) {
+	if job.retired {
+		return
+	}
+	job.retired = true
+	if f.flushing == job {
+		f.flushing = nil
+	}
+	f.persisted = job.applied
+	f.applier.lastLen = min(job.len, maxBatchPrealloc)
+	if len(job.dropped) > 0 {
+		f.bg.compact(job.dropped)
+	}
+	job.ov.reset()
+	f.applier.spare = job.ov
+}
+
+// write adds the buffered records to the batch and commits it.
+func (job *flushJob) write(sc *flushScratch) {
+	sc.appendRecords(job.b, job.ov, job.live)
+	job.len = job.b.Len()
+	must(job.b.Commit(pebble.NoSync))
+	job.b.Close()
+}
+
+// appendRecords adds the overlay's records to b, in key order, after
+// every other write of the buffer: the batch then holds, in apply order,
+// the deletions (moved and forgotten records' old keys, dropped buckets
+// and namespaces) and the small keys (counts, namespaces, nodes),
+// followed by one Set per live record. That is the state the entries
+// produce: a record written and then superseded, removed, or dropped with
+// its bucket or namespace has no present overlay entry in a live bucket,
+// and a deletion never follows the final version of a key (the overlay
+// holds that version: a later deletion would have replaced it). Writing
+// the large part sorted makes Pebble's sort of the flushable batch's index
+// nearly linear. Dropped buckets never come back, so the liveness test
+// below is the one lookups apply; live nil means every bucket is live.
+func (sc *flushScratch) appendRecords(b *pebble.Batch, ov *overlay, live func(bloom.Key) bool) {
+	// One pass in slot order (sequential memory) encodes every live
+	// record's key and value into enc; the sorted pass then reads one
+	// contiguous span per record instead of its slot, its key and its
+	// token and digest in the arena (cache misses at random places of a
+	// buffer of tens of MiB). Both are sized once from the overlay's
+	// counts instead of growing by copies.
+	sc.order = slices.Grow(sc.order[:0], ov.present)
+	sc.enc = slices.Grow(sc.enc[:0], ov.bytes)
+	var last bloom.Key
+	lastLive, haveLast := true, false
+	ov.each(func(k []byte, e *ovEntry) {
+		if !e.present {
+			return
+		}
+		key := bloom.Key{Namespace: binary.BigEndian.Uint32(k), Bucket: e.bucket}
+		if live != nil && (!haveLast || key != last) {
+			lastLive = live(key)
+			last, haveLast = key, true
+		}
+		if !lastLive {
+			return
+		}
+		off := len(sc.enc)
+		sc.enc = storage.AppendRecordKey(sc.enc, key.Namespace, key.Bucket, k[4:])
+		klen := len(sc.enc) - off
+		sc.enc = appendRecord(sc.enc, &e.rec)
+		if uint64(len(sc.enc)) > math.MaxUint32 || klen > math.MaxUint16 || len(sc.enc)-off-klen > math.MaxUint16 {
+			panic(fmt.Sprintf("fsm: write buffer record too large to sort (%d bytes of keys and values)", len(sc.enc)))
+		}
+		var pre [8]byte
+		copy(pre[:], k[4:])
+		sc.order = append(sc.order, recOrder{ns: key.Namespace, bucket: key.Bucket, pre: binary.BigEndian.Uint64(pre[:]),
+			off: uint32(off), klen: uint16(klen), vlen: uint16(len(sc.enc) - off - klen)})
+	})
+	enc := sc.enc
+	slices.SortFunc(sc.order, func(x, y recOrder) int {
+		switch {
+		case x.ns != y.ns:
+			return cmp.Compare(x.ns, y.ns)
+		case x.bucket != y.bucket:
+			return cmp.Compare(x.bucket, y.bucket)
+		case x.pre != y.pre:
+			return cmp.Compare(x.pre, y.pre)
+		}
+		return bytes.Compare(x.key(enc), y.key(enc))
+	})
+	for _, r := range sc.order {
+		k := r.key(enc)
+		must(b.Set(k, enc[int(r.off)+len(k):int(r.off)+len(k)+int(r.vlen)], nil))
+	}
+	if cap(sc.enc) > maxReusedEnc {
+		sc.enc = nil
+	}
+}
+
+// maxReusedEnc bounds appendRecords' scratch kept between flushes.
+const maxReusedEnc = 32 << 20
+
+// recOrder sorts buffered records by key: namespace, bucket, then the ID
+// (its first 8 bytes as an integer, zero-padded, then the whole key). The
+// record's key is enc[off:off+klen], its value the vlen bytes after it.
+type recOrder struct {
+	ns         uint32
+	off        uint32
+	bucket     uint64
+	pre        uint64
+	klen, vlen uint16
+}
+
+func (r recOrder) key(enc []byte) []byte { return enc[r.off : r.off+uint32(r.klen)] }
