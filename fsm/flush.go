@@ -78,7 +78,9 @@ func (f *FSM) handOffLocked() {
 	f.awaitFlushLocked()
 	job := f.sealLocked()
 	f.flushing = job
+	f.flushWG.Add(1)
 	go func() {
+		defer f.flushWG.Done()
 		if f.beforeFlush != nil {
 			f.beforeFlush()
 		}

@@ -97,6 +97,9 @@ type FSM struct {
 	// background (flush.go), nil when none is; scratch is that flush's.
 	flushing *flushJob
 	scratch  flushScratch
+	// flushWG counts background commit goroutines: Close waits for the
+	// last one to exit (it retires its buffer under mu after committing).
+	flushWG sync.WaitGroup
 	// beforeFlush, if set (tests), runs in the background flush before it
 	// writes: a test holds a buffer in flight with it.
 	beforeFlush func()
@@ -396,7 +399,6 @@ func (f *FSM) Close() error {
 	bg.stop()
 	f.persistWG.Wait()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	// Commit the write buffer: the saved filters cover st.applied, and
 	// load only if the database's applied index is the same.
 	f.flushLocked()
@@ -405,7 +407,12 @@ func (f *FSM) Close() error {
 			f.log.Warn("bloom filters not saved; the next start rebuilds them", "err", err)
 		}
 	}
-	return f.db.Close()
+	err := f.db.Close()
+	f.mu.Unlock()
+	// The last background commit is done (flushLocked waited for it), but
+	// its goroutine may still be waiting for mu to retire it: let it exit.
+	f.flushWG.Wait()
+	return err
 }
 
 // AppliedIndex returns the index of the last Raft entry applied: its
