@@ -268,7 +268,7 @@ func (o *overlay) find(h uint64, k []byte) int {
 }
 
 func (o *overlay) get(k []byte) (ovEntry, bool) {
-	if o == nil || o.n == 0 {
+	if o.n == 0 {
 		return ovEntry{}, false
 	}
 	return o.getHash(maphash.Bytes(o.seed, k), k)
@@ -317,7 +317,7 @@ func (o *overlay) putHash(h uint64, k []byte, e ovEntry) {
 // reset empties the overlay, keeping its memory unless one huge batch
 // grew it past maxReusedOverlay entries.
 func (o *overlay) reset() {
-	if o.idx == nil || o.n > maxReusedOverlay {
+	if o.n > maxReusedOverlay {
 		*o = *newOverlay()
 		return
 	}
