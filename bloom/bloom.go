@@ -37,6 +37,14 @@ type Config struct {
 	// FPRate is the target false-positive rate per bucket, in (0, 0.5]
 	// (default 0.01).
 	FPRate float64
+	// LogIDs bounds how many ID hashes the filters keep, over all chains,
+	// so that a growing chain is compacted from memory rather than from a
+	// scan of storage (8 bytes each; default 4 194 304, 32 MiB; negative:
+	// none). A chain that would pass the bound stops logging and is
+	// compacted from storage from then on; a chain's log is freed once its
+	// bucket stopped growing (CompactionCandidates' quietCalls) and the
+	// chain needs no compaction, or is compacted meanwhile from storage.
+	LogIDs int
 }
 
 func (c Config) withDefaults() Config {
@@ -45,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FPRate <= 0 || c.FPRate > 0.5 {
 		c.FPRate = 0.01
+	}
+	if c.LogIDs == 0 {
+		c.LogIDs = DefaultLogIDs
 	}
 	return c
 }
@@ -83,6 +94,10 @@ const (
 	compactMinBits = 1024
 )
 
+// DefaultLogIDs is Config.LogIDs's default: 32 MiB of hashes, a surge of
+// four million IDs into new buckets.
+const DefaultLogIDs = 1 << 22
+
 // Key identifies one bucket's filter chain.
 type Key struct {
 	Namespace uint32
@@ -116,6 +131,10 @@ type chain struct {
 	// growing: the last CompactionCandidates call saw IDs arrive, so a
 	// compaction now gets headroom; exact: the last compaction had none.
 	growing, exact bool
+	// log holds the hash of every ID added since the chain was created
+	// (nil: not kept, or no longer complete), so a compaction need not
+	// read storage; see hashLog.
+	log *hashLog
 }
 
 // n is the number of IDs added to the chain.
@@ -171,6 +190,9 @@ type Filters struct {
 	// long-gone tight segment does not make every probe compute more.
 	maxK  int
 	ready bool
+	// logged counts the hashes in every chain's log, bounded by
+	// cfg.LogIDs.
+	logged int
 
 	maybe  atomic.Uint64 // lookups answered "maybe" where the ID was absent or present
 	falseP atomic.Uint64 // "maybe" answers that storage then found absent
@@ -200,6 +222,7 @@ func (f *Filters) Reset() {
 	f.byNS = make(map[uint32][]bucketChain)
 	f.ready = false
 	f.maxK = 0
+	f.logged = 0
 	f.mu.Unlock()
 }
 
@@ -256,6 +279,9 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 	c := f.chains[k]
 	if c == nil {
 		c = &chain{}
+		if f.cfg.LogIDs > 0 {
+			c.log = &hashLog{}
+		}
 		f.chains[k] = c
 		if sizeHint == 0 {
 			// Under a steady load each bucket receives about what the
@@ -273,6 +299,14 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 	p.prepare(s.f.k)
 	s.f.set(p)
 	s.n++
+	if c.log != nil {
+		if f.logged < f.cfg.LogIDs {
+			c.log.add(p.h)
+			f.logged++
+		} else {
+			f.dropLogLocked(c)
+		}
+	}
 	if c.pending != nil {
 		p.prepare(c.pending.k)
 		c.pending.set(p)
@@ -315,6 +349,15 @@ func (f *Filters) growLocked(c *chain, sizeHint uint) {
 	bf := newFilter(sz.shape(n))
 	f.maxK = max(f.maxK, bf.k)
 	c.segs = append(c.segs, segment{f: bf, limit: n})
+}
+
+// dropLogLocked frees c's log: the chain is compacted from storage from
+// now on.
+func (f *Filters) dropLogLocked(c *chain) {
+	if c.log != nil {
+		f.logged -= c.log.n
+		c.log = nil
+	}
 }
 
 // indexLocked inserts a new chain into its namespace's index.
@@ -398,7 +441,8 @@ func (f *Filters) Candidates(nsID uint32, p *Probe, dst []uint64) ([]uint64, boo
 // Drop forgets the chain of k (its bucket expired or was deleted).
 func (f *Filters) Drop(k Key) {
 	f.mu.Lock()
-	if _, ok := f.chains[k]; ok {
+	if c, ok := f.chains[k]; ok {
+		f.dropLogLocked(c)
 		delete(f.chains, k)
 		bcs := slices.DeleteFunc(f.byNS[k.Namespace], func(e bucketChain) bool { return e.bucket == k.Bucket })
 		if len(bcs) == 0 {
@@ -415,6 +459,7 @@ func (f *Filters) Drop(k Key) {
 func (f *Filters) DropNamespace(nsID uint32) {
 	f.mu.Lock()
 	for _, e := range f.byNS[nsID] {
+		f.dropLogLocked(e.c)
 		delete(f.chains, Key{Namespace: nsID, Bucket: e.bucket})
 	}
 	delete(f.byNS, nsID)
@@ -454,6 +499,9 @@ type Stats struct {
 	// MemoryBytes is the filters' bit arrays, including
 	// those of compactions in progress.
 	MemoryBytes uint64
+	// HashLogBytes is the memory of the chains' hash logs (8 bytes per
+	// logged ID, at most Config.LogIDs of them).
+	HashLogBytes uint64
 	// IDs counts the IDs added to the chains: a compacted chain counts the
 	// live IDs it was rebuilt from, so after compaction this is the live
 	// count (IDs moved or deleted since still count until the next one).
@@ -484,6 +532,7 @@ func (f *Filters) Stats() Stats {
 		}
 	}
 	s.Ready = f.ready
+	s.HashLogBytes = 8 * uint64(f.logged)
 	f.mu.RUnlock()
 	if s.IDs > 0 {
 		s.BitsPerID = float64(s.MemoryBytes*8) / float64(s.IDs)

@@ -33,6 +33,9 @@ type Compaction struct {
 	n       uint
 	exact   bool
 	probe   Probe
+	// log is the chain's hash log as of BeginCompact, when the chain
+	// keeps a complete one that is not too stale (see FromLog).
+	log *logView
 }
 
 // idealBits is the size of a compacted filter for n IDs.
@@ -79,24 +82,16 @@ func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), quietCa
 		}
 		c.seenN, c.growing = n, c.quietCalls == 0
 		quiet := c.quietCalls >= max(quietCalls, 1)
-		if c.pending != nil || len(c.segs) == 0 {
+		if c.pending != nil {
 			continue
 		}
-		l, ok := live(k)
-		if !ok {
-			continue
-		}
-		ideal, bits := f.idealBits(l), c.bits()
-		if float64(bits) <= float64(ideal)*compactWaste || bits < ideal+compactMinBits {
-			continue
-		}
-		base := c.compactedN
-		changed := !c.exact || n >= base+base/10 || l*11 <= base*10
-		if base == 0 {
-			base = c.segs[0].limit
-		}
-		if (quiet && changed) || n >= 4*base {
+		if f.worthCompacting(k, c, n, quiet, live) {
 			dst = append(dst, k)
+		} else if quiet {
+			// The bucket stopped growing and its chain is as small as it
+			// will get: its hash log would hold memory for a growth
+			// compaction unlikely to come (if one does, it reads storage).
+			f.dropLogLocked(c)
 		}
 	}
 	slices.SortFunc(dst[start:], func(a, b Key) int {
@@ -105,12 +100,34 @@ func (f *Filters) CompactionCandidates(live func(Key) (n uint, ok bool), quietCa
 	return dst
 }
 
+// worthCompacting is CompactionCandidates' test for one chain of n IDs.
+func (f *Filters) worthCompacting(k Key, c *chain, n uint, quiet bool, live func(Key) (uint, bool)) bool {
+	if len(c.segs) == 0 {
+		return false
+	}
+	l, ok := live(k)
+	if !ok {
+		return false
+	}
+	ideal, bits := f.idealBits(l), c.bits()
+	if float64(bits) <= float64(ideal)*compactWaste || bits < ideal+compactMinBits {
+		return false
+	}
+	base := c.compactedN
+	changed := !c.exact || n >= base+base/10 || l*11 <= base*10
+	if base == 0 {
+		base = c.segs[0].limit
+	}
+	return (quiet && changed) || n >= 4*base
+}
+
 // BeginCompact starts a compaction of k's chain for live IDs, or returns
 // nil if there is nothing to compact (no chain, one already compacting,
 // filters not ready).
 //
-// The caller must then pass to Add every ID its bucket held at the moment
-// of this call, and call Finish (or Abort). IDs added to the bucket after
+// The caller must then call FromLog, or, when it reports false, pass to Add
+// every ID its bucket held at the moment of this call, and call Finish (or
+// Abort). IDs added to the bucket after
 // this call (through Add/AddProbe/AddIfLive of f) need not be passed: they
 // reach the new filter through the pending one. So the caller must call
 // BeginCompact and capture its source (fsm: a Pebble snapshot) with every
@@ -125,6 +142,19 @@ func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
 	if !f.ready || c == nil || c.pending != nil {
 		return nil
 	}
+	var log *logView
+	if c.log != nil {
+		if uint(c.log.n)*10 <= live*11 {
+			v := c.log.view()
+			log = &v
+			live = max(live, uint(v.n))
+		} else {
+			// More than a tenth of the logged IDs left the bucket (forgotten,
+			// released, moved): rebuild from storage, and keep no log that
+			// would only grow staler.
+			f.dropLogLocked(c)
+		}
+	}
 	limit := max(live, 1)
 	if c.growing {
 		// IDs keep arriving, also while the compaction runs: without
@@ -134,7 +164,34 @@ func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
 	}
 	nf := newFilter(f.first.shape(limit))
 	c.pending, c.pendingN = newFilter(len(nf.words), nf.k), 0
-	return &Compaction{f: f, k: k, c: c, nf: nf, pending: c.pending, limit: limit, exact: !c.growing}
+	return &Compaction{f: f, k: k, c: c, nf: nf, pending: c.pending, limit: limit, exact: !c.growing, log: log}
+}
+
+// FromLog adds to the new filter every ID the chain held at BeginCompact,
+// from the hashes it logged, and reports true; or it reports false, adding
+// nothing, when the chain keeps no such log (it was loaded from a file, its
+// log passed Config.LogIDs, or too many of its IDs left the bucket): the
+// caller then passes the bucket's records to Add. Logged IDs that left the
+// bucket since stay in the filter (at most a tenth more bits set: false
+// positives, never false negatives). Lock-free, like Add.
+func (cp *Compaction) FromLog() bool {
+	if cp.log == nil {
+		return false
+	}
+	for _, c := range cp.log.chunks {
+		for _, h := range c {
+			cp.addHash(h)
+		}
+	}
+	return true
+}
+
+// addHash adds an ID by its hash.
+func (cp *Compaction) addHash(h uint64) {
+	cp.probe.h, cp.probe.hashed, cp.probe.n = h, true, 0
+	cp.probe.prepare(cp.nf.k)
+	cp.nf.set(&cp.probe)
+	cp.n++
 }
 
 // Add adds an ID (from HashKey) of the bucket to the new filter. It takes

@@ -141,6 +141,7 @@ func (f *Filters) Load(r io.Reader) (appliedIndex uint64, err error) {
 	f.mu.Lock()
 	f.chains = make(map[Key]*chain, len(chains))
 	f.byNS = make(map[uint32][]bucketChain)
+	f.logged = 0 // loaded chains keep no log: their IDs' hashes are not saved
 	for k, c := range chains {
 		f.chains[k] = c
 		f.indexLocked(k, c)

@@ -69,8 +69,8 @@ func (bg *background) bloomCompactor(ctx context.Context, f *FSM) {
 // compactFilters rebuilds every chain bloom.CompactionCandidates names (a
 // bucket's chain of growing filters, or a filter sized for more IDs than
 // arrived) into one filter sized for the bucket's live records, read from
-// a Pebble snapshot. Runs on the background goroutine (stopped before the
-// database is closed or swapped).
+// the chain's hash log or else from a Pebble snapshot. Runs on the
+// background goroutine (stopped before the database is closed or swapped).
 func (f *FSM) compactFilters(ctx context.Context) error {
 	f.mu.RLock()
 	keys := f.filters.CompactionCandidates(func(k bloom.Key) (uint, bool) {
@@ -99,6 +99,13 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 	}
 	if cp == nil {
 		f.mu.RUnlock()
+		return nil
+	}
+	if cp.FromLog() {
+		// The chain logged the hash of every ID it was given: no storage
+		// read (see bloom.Compaction.FromLog).
+		f.mu.RUnlock()
+		cp.Finish()
 		return nil
 	}
 	add := func(hkey []byte, e *ovEntry) {

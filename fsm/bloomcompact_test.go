@@ -12,12 +12,18 @@ import (
 // Compaction brings a bucket's grown chain to one filter of ≤ 10 bits per
 // live ID, and no stored ID is ever answered "not seen": not while marks
 // are applied during the compaction, not after Save/Load, not after a
-// rebuild.
+// rebuild. Whether a chain is rebuilt from its hash log or from storage.
 func TestBloomCompactionKeepsEveryIDAndShrinksFilters(t *testing.T) {
+	for name, logIDs := range map[string]int{"from-hash-log": 0, "from-storage": -1} {
+		t.Run(name, func(t *testing.T) { testBloomCompaction(t, logIDs) })
+	}
+}
+
+func testBloomCompaction(t *testing.T, logIDs int) {
 	// The test drives every compaction itself: the background poller
 	// would otherwise compact the chain whenever a slow (-race, loaded)
 	// run leaves the bucket quiet for 2 s, before the chain is measured.
-	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000}, BloomCompactInterval: -1})
+	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000, LogIDs: logIDs}, BloomCompactInterval: -1})
 	const ttl = 3_600_000
 	const total = 25_000 // IDs marked in all
 	// markRange marks id-from..id-to-1 and returns how many did not answer

@@ -31,6 +31,11 @@ func TestBackgroundCommitsUnderReadersCompactionsAndRestores(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1234))
 			logs := randomLog(300+seed, 1200)
 			bcfg := Config{Bloom: bloom.Config{ExpectedPerBucket: 4}, BloomCompactInterval: -1}
+			if seed%2 == 1 {
+				// Compactions read storage (and the buffers in flight), as a
+				// chain without a hash log is compacted.
+				bcfg.Bloom.LogIDs = -1
+			}
 			ref := newHarnessConfig(t, bcfg)
 			ref.f.cfg.Buffer = BufferLimits{MaxEntries: 1}.withDefaults()
 			h := newHarnessConfig(t, bcfg)

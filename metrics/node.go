@@ -85,9 +85,12 @@ type RaftStats struct {
 // BloomStats are the node's Bloom filter figures.
 type BloomStats struct {
 	Filters, MemoryBytes, IDs uint64
-	BitsPerID                 float64
-	ConfiguredFPRate          float64
-	ObservedFPRate            float64
+	// HashLogBytes is the memory of the hashes kept to compact growing
+	// filters without reading storage.
+	HashLogBytes     uint64
+	BitsPerID        float64
+	ConfiguredFPRate float64
+	ObservedFPRate   float64
 	// MaybeLookups and FalsePositives count since start.
 	MaybeLookups, FalsePositives uint64
 	Ready                        bool
@@ -157,6 +160,7 @@ var nodeDescs = []desc{
 
 	gauge("dedup_bloom_filters", "Bloom filter segments held.", func(s *Snapshot) float64 { return float64(s.Bloom.Filters) }),
 	gauge("dedup_bloom_memory_bytes", "Memory held by Bloom filters, in bytes.", func(s *Snapshot) float64 { return float64(s.Bloom.MemoryBytes) }),
+	gauge("dedup_bloom_hash_log_bytes", "Memory held by the hashes of IDs kept to compact growing Bloom filters without a storage scan, in bytes.", func(s *Snapshot) float64 { return float64(s.Bloom.HashLogBytes) }),
 	gauge("dedup_bloom_ids", "IDs added to the live Bloom filters.", func(s *Snapshot) float64 { return float64(s.Bloom.IDs) }),
 	gauge("dedup_bloom_bits_per_id", "Bloom filter bits per stored ID.", func(s *Snapshot) float64 { return s.Bloom.BitsPerID }),
 	gauge("dedup_bloom_configured_fp_rate", "Configured Bloom filter false-positive rate (0..1).", func(s *Snapshot) float64 { return s.Bloom.ConfiguredFPRate }),

@@ -52,6 +52,7 @@ func (s *Server) metricsSnapshot() metrics.Snapshot {
 		Bloom: metrics.BloomStats{
 			Filters:          st.FSM.Bloom.Filters,
 			MemoryBytes:      st.FSM.Bloom.MemoryBytes,
+			HashLogBytes:     st.FSM.Bloom.HashLogBytes,
 			IDs:              st.FSM.Bloom.IDs,
 			BitsPerID:        st.FSM.Bloom.BitsPerID,
 			ConfiguredFPRate: st.FSM.Bloom.FPRate,
