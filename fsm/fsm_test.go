@@ -633,6 +633,10 @@ func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
 		}
 		h.one(t0, op)
 	}
+	// Every record into Pebble, then into sstables: the write buffer is
+	// committed in the background, so without waiting for it the sstables
+	// may not hold the records yet.
+	commitBuffer(h.f)
 	if err := h.f.db.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,20 @@ type lookupScratch struct {
 // stored record aliases sc.vbuf; a buffered one aliases the overlay's
 // arena, never reused. REQUIRES: f.mu held (shared or exclusive) and
 // sc.probe Reset to hkey.
+//
+// The Bloom filters are asked first: every record written, buffered or
+// not, was added to its bucket's chain by the apply that wrote it (under
+// f.mu), so when they are ready and no bucket may hold the ID it is in
+// neither overlay nor the database, and the overlays' map lookups (a
+// hash and a cache miss each) are skipped for the IDs most lookups are
+// about: new ones in marks, absent ones in checks.
 func (f *FSM) lookupLocked(ns *NamespaceConfig, id, hkey []byte, sc *lookupScratch) (rec Record, bucket uint64, found, fromDB bool, err error) {
+	cands, ready := f.filters.Candidates(ns.ID, &sc.probe, sc.cands[:0])
+	sc.cands = cands
+	if ready && len(cands) == 0 {
+		f.filters.Observe(false, false)
+		return Record{}, 0, false, false, nil
+	}
 	e, ok := f.applier.ov.get(hkey)
 	if !ok && f.flushing != nil {
 		e, ok = f.flushing.ov.get(hkey)
@@ -42,22 +55,19 @@ func (f *FSM) lookupLocked(ns *NamespaceConfig, id, hkey []byte, sc *lookupScrat
 		}
 		return Record{}, 0, false, false, nil
 	}
-	rec, bucket, found, err = f.lookupStored(ns, id, sc)
+	rec, bucket, found, err = f.lookupStored(ns, id, sc, ready)
 	return rec, bucket, found, true, err
 }
 
 // lookupStored finds the stored record of id in ns by probing the
-// namespace's live buckets, newest first, skipping buckets whose Bloom
-// filter says "definitely not" once the filters are ready (one hash per ID
-// for all buckets: sc.probe must have been Reset to the ID's HashKey). The
-// returned record aliases sc.vbuf. REQUIRES: f.mu held (shared or
-// exclusive).
+// namespace's live buckets, newest first: when the filters are ready, only
+// the buckets in sc.cands (those whose Bloom filter did not say
+// "definitely not"). The returned record aliases sc.vbuf. REQUIRES: f.mu
+// held (shared or exclusive).
 //
 // At most one record per ID exists across buckets: apply deletes the old
 // key whenever it moves or replaces a record.
-func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch) (Record, uint64, bool, error) {
-	cands, ready := f.filters.Candidates(ns.ID, &sc.probe, sc.cands[:0])
-	sc.cands = cands
+func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, ready bool) (Record, uint64, bool, error) {
 	if !ready {
 		// Filters rebuilding: every live bucket may hold the ID.
 		bs := f.st.buckets[ns.ID]
@@ -69,7 +79,7 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch) (R
 		}
 		return Record{}, 0, false, nil
 	}
-	for _, b := range cands {
+	for _, b := range sc.cands {
 		if _, live := f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: b}]; !live {
 			continue // chains are dropped with their buckets; never trust one that outlived it
 		}
@@ -82,7 +92,7 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch) (R
 			return rec, b, true, nil
 		}
 	}
-	f.filters.Observe(len(cands) > 0, false)
+	f.filters.Observe(len(sc.cands) > 0, false)
 	return Record{}, 0, false, nil
 }
 
