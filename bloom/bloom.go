@@ -39,8 +39,9 @@ type Config struct {
 	FPRate float64
 	// LogIDs bounds how many ID hashes the filters keep, over all chains,
 	// so that a growing chain is compacted from memory rather than from a
-	// scan of storage (8 bytes each; default 4 194 304, 32 MiB; negative:
-	// none). A chain that would pass the bound stops logging and is
+	// scan of storage (8-byte slots, counted as allocated; default
+	// 4 194 304, 32 MiB; negative: none). Chains created by a rebuild
+	// (AddIfLive) keep none: they are sized from their bucket's count. A chain that would pass the bound stops logging and is
 	// compacted from storage from then on; a chain's log is freed once its
 	// bucket stopped growing (CompactionCandidates' quietCalls) and the
 	// chain needs no compaction, or is compacted meanwhile from storage.
@@ -190,8 +191,8 @@ type Filters struct {
 	// long-gone tight segment does not make every probe compute more.
 	maxK  int
 	ready bool
-	// logged counts the hashes in every chain's log, bounded by
-	// cfg.LogIDs.
+	// logged counts the slots (capacity, in hashes) of every chain's log,
+	// bounded by cfg.LogIDs.
 	logged int
 
 	maybe  atomic.Uint64 // lookups answered "maybe" where the ID was absent or present
@@ -256,7 +257,7 @@ func (f *Filters) Add(k Key, data []byte) {
 // AddProbe is Add with a Probe.
 func (f *Filters) AddProbe(k Key, p *Probe) {
 	f.mu.Lock()
-	f.addLocked(k, p, 0)
+	f.addLocked(k, p, 0, true)
 	f.mu.Unlock()
 }
 
@@ -270,16 +271,19 @@ func (f *Filters) AddIfLive(k Key, data []byte, sizeHint uint, live func(Key) bo
 	p.Reset(data)
 	f.mu.Lock()
 	if live(k) {
-		f.addLocked(k, &p, sizeHint)
+		// No log: a rebuild creates every bucket's chain at once, sized
+		// from its count, and their logs would take the bound from the
+		// buckets that grow after it.
+		f.addLocked(k, &p, sizeHint, false)
 	}
 	f.mu.Unlock()
 }
 
-func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
+func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint, logNew bool) {
 	c := f.chains[k]
 	if c == nil {
 		c = &chain{}
-		if f.cfg.LogIDs > 0 {
+		if logNew && f.cfg.LogIDs > 0 {
 			c.log = &hashLog{}
 		}
 		f.chains[k] = c
@@ -300,9 +304,9 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint) {
 	s.f.set(p)
 	s.n++
 	if c.log != nil {
-		if f.logged < f.cfg.LogIDs {
+		if g := c.log.growth(); f.logged+g <= f.cfg.LogIDs {
 			c.log.add(p.h)
-			f.logged++
+			f.logged += g
 		} else {
 			f.dropLogLocked(c)
 		}
@@ -355,7 +359,7 @@ func (f *Filters) growLocked(c *chain, sizeHint uint) {
 // now on.
 func (f *Filters) dropLogLocked(c *chain) {
 	if c.log != nil {
-		f.logged -= c.log.n
+		f.logged -= c.log.slots
 		c.log = nil
 	}
 }
@@ -499,8 +503,9 @@ type Stats struct {
 	// MemoryBytes is the filters' bit arrays, including
 	// those of compactions in progress.
 	MemoryBytes uint64
-	// HashLogBytes is the memory of the chains' hash logs (8 bytes per
-	// logged ID, at most Config.LogIDs of them).
+	// HashLogBytes is the memory of the chains' hash logs: 8 bytes per
+	// slot allocated (a little more than one per logged ID), at most
+	// Config.LogIDs slots.
 	HashLogBytes uint64
 	// IDs counts the IDs added to the chains: a compacted chain counts the
 	// live IDs it was rebuilt from, so after compaction this is the live

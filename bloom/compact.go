@@ -167,6 +167,10 @@ func (f *Filters) BeginCompact(k Key, live uint) *Compaction {
 	return &Compaction{f: f, k: k, c: c, nf: nf, pending: c.pending, limit: limit, exact: !c.growing, log: log}
 }
 
+// HasLog reports whether FromLog will compact from the chain's hash log
+// (fsm decides on it whether to capture a storage snapshot under its lock).
+func (cp *Compaction) HasLog() bool { return cp.log != nil }
+
 // FromLog adds to the new filter every ID the chain held at BeginCompact,
 // from the hashes it logged, and reports true; or it reports false, adding
 // nothing, when the chain keeps no such log (it was loaded from a file, its

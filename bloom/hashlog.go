@@ -8,26 +8,57 @@ package bloom
 // overlapping files (measured: 10.5% of three nodes' CPU during a surge
 // into a new bucket), where re-adding a logged hash costs one block write.
 //
-// Hashes live in chunks that are never moved once full, so a compaction
-// reads the first n of them without the filters' lock while later adds
-// append: appends only write beyond n. The first chunk grows by append,
-// so a bucket of ten IDs costs a few words, not a whole chunk.
+// Hashes live in chunks that are never written below their length once
+// handed to a view, so a compaction reads the first n of them without the
+// filters' lock while later adds append: appends only write beyond n, and
+// a chunk that grows is copied to a new array (views keep the old one).
+// The first chunk doubles from 16 slots up to logChunk, so a bucket of ten
+// IDs costs a few words, not a whole chunk. The filters bound and report
+// the logs by their slots (capacity), which is their memory.
 type hashLog struct {
 	chunks [][]uint64
 	n      int
+	slots  int // capacity of every chunk: the log's memory in hashes
 }
 
-// logChunk is the size of every chunk but the first's growth, in hashes
-// (512 KiB).
+// logChunk is the size of a full chunk, in hashes (512 KiB).
 const logChunk = 1 << 16
 
+// firstChunk is the capacity of a new log's first chunk.
+const firstChunk = 16
+
+// growth returns how many slots the next add allocates (0 when the last
+// chunk has room).
+func (l *hashLog) growth() int {
+	if len(l.chunks) == 0 {
+		return firstChunk
+	}
+	last := l.chunks[len(l.chunks)-1]
+	switch {
+	case len(last) < cap(last):
+		return 0
+	case cap(last) < logChunk:
+		return min(2*cap(last), logChunk) - cap(last)
+	default:
+		return logChunk
+	}
+}
+
+// add appends h, allocating what growth said.
 func (l *hashLog) add(h uint64) {
-	if len(l.chunks) == 0 || len(l.chunks[len(l.chunks)-1]) == logChunk {
-		c := make([]uint64, 0, 16)
-		if len(l.chunks) > 0 {
-			c = make([]uint64, 0, logChunk)
+	l.slots += l.growth()
+	switch {
+	case len(l.chunks) == 0:
+		l.chunks = append(l.chunks, make([]uint64, 0, firstChunk))
+	case len(l.chunks[len(l.chunks)-1]) == cap(l.chunks[len(l.chunks)-1]):
+		last := l.chunks[len(l.chunks)-1]
+		if cap(last) < logChunk {
+			grown := make([]uint64, len(last), min(2*cap(last), logChunk))
+			copy(grown, last)
+			l.chunks[len(l.chunks)-1] = grown
+		} else {
+			l.chunks = append(l.chunks, make([]uint64, 0, logChunk))
 		}
-		l.chunks = append(l.chunks, c)
 	}
 	last := &l.chunks[len(l.chunks)-1]
 	*last = append(*last, h)
@@ -40,7 +71,7 @@ func (l *hashLog) view() logView {
 }
 
 // logView is a prefix of a hashLog: its chunk headers were copied, so
-// later appends (which write past them, or to new chunks) do not change it.
+// later appends (which write past them, or to new arrays) do not change it.
 type logView struct {
 	chunks [][]uint64
 	n      int

@@ -24,8 +24,8 @@ func TestCompactionFromLogEqualsCompactionFromStorage(t *testing.T) {
 	if n := len(fromLog.chains[k].segs); n < 3 {
 		t.Fatalf("want a grown chain, have %d segments", n)
 	}
-	if got := fromLog.Stats().HashLogBytes; got != 8*70_000 {
-		t.Fatalf("hash log holds %d bytes, want %d", got, 8*70_000)
+	if got := fromLog.Stats().HashLogBytes; got != 8*2*logChunk {
+		t.Fatalf("hash log holds %d bytes, want two chunks, %d", got, 8*2*logChunk)
 	}
 	if got := fromStorage.Stats().HashLogBytes; got != 0 {
 		t.Fatalf("LogIDs < 0 keeps %d bytes of hashes", got)
@@ -77,18 +77,20 @@ func TestHashLogIsBoundedAndKeptOnlyWhileUseful(t *testing.T) {
 	a, b := Key{Namespace: 1, Bucket: 1}, Key{Namespace: 1, Bucket: 2}
 
 	t.Run("bounded", func(t *testing.T) {
+		// Slots are counted as allocated: a's first chunk doubles 16 →
+		// 4096 for 3000 IDs; b's reaches 512 and its next doubling would
+		// pass 5000 slots, so b stops logging; a's next (8192) would too.
 		f := New(Config{ExpectedPerBucket: 100, LogIDs: 5000})
 		f.SetReady(true)
 		add(f, a, 0, 3000)
-		add(f, b, 0, 3000) // passes the bound at its 2001st ID: b stops logging
-		add(f, a, 3000, 5000)
-		if got := f.Stats().HashLogBytes; got != 8*5000 {
-			t.Fatalf("hash logs hold %d bytes, want the bound, %d", got, 8*5000)
+		add(f, b, 0, 3000)
+		if got := f.Stats().HashLogBytes; got != 8*4096 {
+			t.Fatalf("hash logs hold %d bytes, want a's 4096 slots, %d", got, 8*4096)
 		}
 		if !logs(f, a) || logs(f, b) {
 			t.Fatalf("logs kept: a %v, b %v; want a only", logs(f, a), logs(f, b))
 		}
-		add(f, a, 5000, 6000) // past the bound: a stops logging too
+		add(f, a, 3000, 5000) // past the bound: a stops logging too
 		if logs(f, a) || f.Stats().HashLogBytes != 0 {
 			t.Fatalf("a chain past the bound still logs (%d bytes)", f.Stats().HashLogBytes)
 		}
@@ -130,7 +132,7 @@ func TestHashLogIsBoundedAndKeptOnlyWhileUseful(t *testing.T) {
 		add(f, a, 0, 3000) // a grown chain: compacted when quiet
 		add(f, b, 0, 50)   // a small one
 		live := liveSet{a: 3000, b: 50}
-		if f.CompactionCandidates(live.get, 3, nil); f.Stats().HashLogBytes != 8*3050 {
+		if f.CompactionCandidates(live.get, 3, nil); f.Stats().HashLogBytes != 8*(4096+64) {
 			t.Fatal("logs dropped while the buckets were growing")
 		}
 		// Polls 2 and 3 compact a (grown 4×); poll 4 finds both quiet and
@@ -160,13 +162,13 @@ func TestHashLogIsBoundedAndKeptOnlyWhileUseful(t *testing.T) {
 		add(f, a, 0, 100)
 		add(f, b, 0, 200)
 		add(f, Key{Namespace: 2, Bucket: 1}, 0, 300)
-		f.Drop(a)
-		if got := f.Stats().HashLogBytes; got != 8*500 {
-			t.Fatalf("after Drop: %d bytes, want %d", got, 8*500)
+		f.Drop(a) // slots: a 128, b 256, the other namespace's 512
+		if got := f.Stats().HashLogBytes; got != 8*(256+512) {
+			t.Fatalf("after Drop: %d bytes, want %d", got, 8*(256+512))
 		}
 		f.DropNamespace(1)
-		if got := f.Stats().HashLogBytes; got != 8*300 {
-			t.Fatalf("after DropNamespace: %d bytes, want %d", got, 8*300)
+		if got := f.Stats().HashLogBytes; got != 8*512 {
+			t.Fatalf("after DropNamespace: %d bytes, want %d", got, 8*512)
 		}
 		f.Reset()
 		if got := f.Stats().HashLogBytes; got != 0 {

@@ -101,10 +101,17 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 		f.mu.RUnlock()
 		return nil
 	}
-	if cp.FromLog() {
+	if cp.HasLog() {
 		// The chain logged the hash of every ID it was given: no storage
-		// read (see bloom.Compaction.FromLog).
+		// read, and no need to hold f.mu for the replay (the log's view
+		// was taken under the filters' lock; later adds reach the pending
+		// filter), which would stall every apply for as long as it runs
+		// (≈ 30 ms per million hashes).
 		f.mu.RUnlock()
+		if f.beforeLogReplay != nil {
+			f.beforeLogReplay()
+		}
+		cp.FromLog()
 		cp.Finish()
 		return nil
 	}

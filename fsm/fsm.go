@@ -103,6 +103,9 @@ type FSM struct {
 	// beforeFlush, if set (tests), runs in the background flush before it
 	// writes: a test holds a buffer in flight with it.
 	beforeFlush func()
+	// beforeLogReplay, if set (tests), runs in a Bloom compaction from a
+	// hash log just before the log is replayed.
+	beforeLogReplay func()
 	// persisted is the applied index stored in the database: st.applied
 	// once the write buffer is committed, below it while it holds entries.
 	persisted uint64
