@@ -224,13 +224,5 @@ func TestCompactionFromLogDoesNotHoldTheFSMLock(t *testing.T) {
 	for i := range 2000 {
 		ids = append(ids, fmt.Appendf(nil, "id-%d", i))
 	}
-	res, err := f.Check("", ids, t0+1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range res {
-		if r.Code != CodeSeen {
-			t.Fatalf("%s answers %s after the compaction: a Bloom false negative", ids[i], r.Code)
-		}
-	}
+	wantAllSeen(t, "after the compaction", f, ids)
 }
