@@ -13,8 +13,9 @@
 // (Almeida et al. 2007), so the bucket's compound false-positive rate stays
 // below the configured one. Such a chain costs 20–25 bits per ID where one
 // right-sized filter costs 9.86, so the owner compacts it (BeginCompact)
-// into one filter sized for the bucket's live IDs, rebuilt from storage,
-// once the bucket stops growing.
+// into one filter sized for the bucket's live IDs, rebuilt from the hashes
+// the chain logged (FromLog) or else from storage, each time it has grown
+// 4× and once the bucket stops growing.
 //
 // A Filters value is safe for concurrent use.
 package bloom
@@ -41,10 +42,11 @@ type Config struct {
 	// so that a growing chain is compacted from memory rather than from a
 	// scan of storage (8-byte slots, counted as allocated; default
 	// 4 194 304, 32 MiB; negative: none). Chains created by a rebuild
-	// (AddIfLive) keep none: they are sized from their bucket's count. A chain that would pass the bound stops logging and is
-	// compacted from storage from then on; a chain's log is freed once its
-	// bucket stopped growing (CompactionCandidates' quietCalls) and the
-	// chain needs no compaction, or is compacted meanwhile from storage.
+	// (AddIfLive) keep none: they are sized from their bucket's count. A
+	// chain that would pass the bound stops logging and is compacted from
+	// storage from then on. A chain's log is freed once its bucket stopped
+	// growing (CompactionCandidates' quietCalls) and the chain needs no
+	// compaction, when it goes stale (BeginCompact), and with the chain.
 	LogIDs int
 }
 
@@ -305,7 +307,7 @@ func (f *Filters) addLocked(k Key, p *Probe, sizeHint uint, logNew bool) {
 	s.n++
 	if c.log != nil {
 		if g := c.log.growth(); f.logged+g <= f.cfg.LogIDs {
-			c.log.add(p.h)
+			c.log.add(p.h, g)
 			f.logged += g
 		} else {
 			f.dropLogLocked(c)

@@ -44,20 +44,20 @@ func (l *hashLog) growth() int {
 	}
 }
 
-// add appends h, allocating what growth said.
-func (l *hashLog) add(h uint64) {
-	l.slots += l.growth()
-	switch {
-	case len(l.chunks) == 0:
-		l.chunks = append(l.chunks, make([]uint64, 0, firstChunk))
-	case len(l.chunks[len(l.chunks)-1]) == cap(l.chunks[len(l.chunks)-1]):
-		last := l.chunks[len(l.chunks)-1]
-		if cap(last) < logChunk {
-			grown := make([]uint64, len(last), min(2*cap(last), logChunk))
+// add appends h. g must be growth(): the caller has already asked it, to
+// keep the filters' bound, and the slots it names are allocated here — a
+// new chunk when the last is a full logChunk (or there is none), else the
+// last one copied into an array g slots larger.
+func (l *hashLog) add(h uint64, g int) {
+	if g > 0 {
+		l.slots += g
+		if len(l.chunks) == 0 || cap(l.chunks[len(l.chunks)-1]) == logChunk {
+			l.chunks = append(l.chunks, make([]uint64, 0, g))
+		} else {
+			last := l.chunks[len(l.chunks)-1]
+			grown := make([]uint64, len(last), cap(last)+g)
 			copy(grown, last)
 			l.chunks[len(l.chunks)-1] = grown
-		} else {
-			l.chunks = append(l.chunks, make([]uint64, 0, logChunk))
 		}
 	}
 	last := &l.chunks[len(l.chunks)-1]

@@ -437,14 +437,14 @@ func TestHashLogViewStableWhileAppending(t *testing.T) {
 	for _, start := range []int{0, 5, 16, logChunk - 3, logChunk, logChunk + 7} {
 		var l hashLog
 		for i := range start {
-			l.add(uint64(i) + 1)
+			l.add(uint64(i)+1, l.growth())
 		}
 		v := l.view()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			for i := range 3*logChunk + 11 {
-				l.add(uint64(start+i) + 1)
+				l.add(uint64(start+i)+1, l.growth())
 			}
 		}()
 		n := 0
