@@ -99,7 +99,7 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 // getRecord reads id's record in one bucket; it aliases sc.vbuf.
 func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScratch) (Record, bool, error) {
 	sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, id)
-	v, found, err := storage.GetInto(f.db, sc.kbuf, sc.vbuf[:0])
+	v, found, err := f.db.GetRecordInto(sc.kbuf, sc.vbuf[:0])
 	sc.vbuf = v
 	if err != nil {
 		return Record{}, false, fmt.Errorf("get record: %w", err)

@@ -96,3 +96,73 @@ func TestBlockCacheKeepsBlocksBesideTheMemtables(t *testing.T) {
 		t.Fatalf("block cache holds %d bytes after reading the same blocks three times: %d hits, %d misses", after.Size, hits, misses)
 	}
 }
+
+// GetRecordInto must answer exactly as Get does wherever the key lives
+// (memtable, L0, the last level, under a newer deletion), and for an absent
+// key in the last level it must be the L6 sstable filter, not a data block
+// read, that says so: that is the whole reason it exists.
+func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	key := func(i int) []byte { return AppendRecordKey(nil, 1, 7, fmt.Appendf(nil, "id-%05d", i)) }
+	for i := 0; i < 2000; i += 2 { // even IDs present, odd absent
+		if err := db.Set(key(i), fmt.Appendf(nil, "v%d", i), pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start, end := BucketRange(1, 7)
+	if err := db.Compact(t.Context(), start, end, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Metrics().Levels[6].TablesCount; n == 0 {
+		t.Fatal("setup: no table in L6 after a full compaction")
+	}
+	// Newer layers above L6: an update, a deletion, a new key in the memtable.
+	for _, w := range []struct {
+		i   int
+		del bool
+	}{{0, false}, {2, true}, {1, false}} {
+		var err error
+		if w.del {
+			err = db.Delete(key(w.i), pebble.NoSync)
+		} else {
+			err = db.Set(key(w.i), []byte("new"), pebble.NoSync)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	probes := [][]byte{
+		key(0), key(1), key(2), key(4), key(3), key(1999), key(1998),
+		key(4)[:len(key(4))-1],                         // a prefix of a present key
+		append(key(4), 0),                              // a present key extended by one byte
+		AppendRecordKey(nil, 1, 8, []byte("id-00004")), // same ID, next bucket
+	}
+	for _, k := range probes {
+		want, wantOK, err := GetInto(db, k, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok, err := db.GetRecordInto(k, []byte("prefix:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != wantOK || !bytes.Equal(got, append([]byte("prefix:"), want...)) {
+			t.Fatalf("key %q: GetRecordInto = %q, %v; Get = %q, %v", k, got, ok, want, wantOK)
+		}
+	}
+
+	before := db.Metrics().Filter.Hits
+	for i := 1001; i < 2000; i += 2 {
+		if _, ok, err := db.GetRecordInto(key(i), nil); err != nil || ok {
+			t.Fatalf("absent key %d: found=%v err=%v", i, ok, err)
+		}
+	}
+	// 500 absent keys, 10-bit filters: about 1 % pass the filter.
+	if hits := db.Metrics().Filter.Hits - before; hits < 400 {
+		t.Fatalf("L6 filter avoided %d data block reads of 500 absent keys, want most", hits)
+	}
+}
