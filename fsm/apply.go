@@ -52,9 +52,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	}
 	a := f.applier
 	if a.b == nil {
-		// Sized like the last committed buffer: a batch grown by doubling
-		// to several MiB would copy itself a dozen times.
-		a.b = f.db.NewBatchWithSize(a.lastLen)
+		// Small: it takes the deletions and counts; the records go into
+		// a batch sized for them when the buffer is committed.
+		a.b = f.db.NewBatch()
 	}
 	advanced := false
 	for i, l := range logs {
@@ -132,13 +132,7 @@ type applier struct {
 	hot    bloom.Key
 	hotN   uint64
 	hotSet bool
-	// lastLen is the size of the last committed batch (the next one is
-	// allocated that size, up to maxBatchPrealloc).
-	lastLen int
 }
-
-// maxBatchPrealloc caps the size a new pending batch is allocated with.
-const maxBatchPrealloc = 32 << 20
 
 // maxReusedOverlay bounds the overlay kept between flushes: one that grew
 // past the configured buffer (a huge single entry) is dropped rather than

@@ -43,7 +43,6 @@ type flushJob struct {
 	applied uint64
 	dropped []keyRange
 	done    chan struct{} // closed once b is committed
-	len     int           // b.Len() as committed
 	retired bool          // guarded by f.mu
 }
 
@@ -83,7 +82,7 @@ func (f *FSM) handOffLocked() {
 		if f.beforeFlush != nil {
 			f.beforeFlush()
 		}
-		job.write(&f.scratch)
+		job.write(f.db, &f.scratch)
 		close(job.done)
 		f.mu.Lock()
 		f.retireLocked(job)
@@ -105,7 +104,7 @@ func (f *FSM) flushLocked() {
 	}
 	job := f.sealLocked()
 	job.live = func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
-	job.write(&f.scratch)
+	job.write(f.db, &f.scratch)
 	close(job.done)
 	f.retireLocked(job)
 }
@@ -148,7 +147,6 @@ func (f *FSM) retireLocked(job *flushJob) {
 		f.flushing = nil
 	}
 	f.persisted = job.applied
-	f.applier.lastLen = min(job.len, maxBatchPrealloc)
 	if len(job.dropped) > 0 {
 		f.bg.compact(job.dropped)
 	}
@@ -156,16 +154,24 @@ func (f *FSM) retireLocked(job *flushJob) {
 	f.applier.spare = job.ov
 }
 
-// write adds the buffered records to the batch and commits it.
-func (job *flushJob) write(sc *flushScratch) {
-	sc.appendRecords(job.b, job.ov, job.live)
-	job.len = job.b.Len()
-	must(job.b.Commit(pebble.NoSync))
+// write commits the buffer: its batch's writes, then its records, in one
+// batch allocated for exactly that much, so that tens of MiB of records are
+// copied into it once instead of again at every doubling of a batch grown
+// by appends.
+func (job *flushJob) write(db *storage.DB, sc *flushScratch) {
+	sc.encodeRecords(job.ov, job.live)
+	b := db.NewBatchWithSize(job.b.Len() + sc.batchBytes())
+	must(b.Apply(job.b, nil))
 	job.b.Close()
+	job.b = nil
+	sc.appendRecords(b)
+	must(b.Commit(pebble.NoSync))
+	b.Close()
 }
 
-// appendRecords adds the overlay's records to b, in key order, after
-// every other write of the buffer: the batch then holds, in apply order,
+// encodeRecords encodes the overlay's live records and sorts them by key,
+// for appendRecords to add to the buffer's batch after every other write
+// of the buffer: the batch then holds, in apply order,
 // the deletions (moved and forgotten records' old keys, dropped buckets
 // and namespaces) and the small keys (counts, namespaces, nodes),
 // followed by one Set per live record. That is the state the entries
@@ -176,7 +182,7 @@ func (job *flushJob) write(sc *flushScratch) {
 // the large part sorted makes Pebble's sort of the flushable batch's index
 // nearly linear. Dropped buckets never come back, so the liveness test
 // below is the one lookups apply; live nil means every bucket is live.
-func (sc *flushScratch) appendRecords(b *pebble.Batch, ov *overlay, live func(bloom.Key) bool) {
+func (sc *flushScratch) encodeRecords(ov *overlay, live func(bloom.Key) bool) {
 	// One pass in slot order (sequential memory) encodes every live
 	// record's key and value into enc; the sorted pass then reads one
 	// contiguous span per record instead of its slot, its key and its
@@ -223,6 +229,17 @@ func (sc *flushScratch) appendRecords(b *pebble.Batch, ov *overlay, live func(bl
 		}
 		return bytes.Compare(x.key(enc), y.key(enc))
 	})
+}
+
+// batchBytes is the size the sorted records take in a pebble.Batch: a
+// kind byte and two uvarint lengths per record besides its key and value.
+func (sc *flushScratch) batchBytes() int {
+	return len(sc.enc) + len(sc.order)*(1+2*binary.MaxVarintLen16)
+}
+
+// appendRecords adds the records encodeRecords sorted to b, in key order.
+func (sc *flushScratch) appendRecords(b *pebble.Batch) {
+	enc := sc.enc
 	for _, r := range sc.order {
 		k := r.key(enc)
 		must(b.Set(k, enc[int(r.off)+len(k):int(r.off)+len(k)+int(r.vlen)], nil))
@@ -232,7 +249,7 @@ func (sc *flushScratch) appendRecords(b *pebble.Batch, ov *overlay, live func(bl
 	}
 }
 
-// maxReusedEnc bounds appendRecords' scratch kept between flushes.
+// maxReusedEnc bounds encodeRecords' scratch kept between flushes.
 const maxReusedEnc = 32 << 20
 
 // recOrder sorts buffered records by key: namespace, bucket, then the ID
