@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"errors"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -23,5 +25,38 @@ func TestValidateErrorsNameTheLimit(t *testing.T) {
 	op = Op{Kind: OpClaim, Items: []Item{{ID: make([]byte, MaxIDBytesLimit+1)}}}
 	if err := Validate(&op, &widest, Limits{}); err == nil || !strings.Contains(err.Error(), "the most any namespace allows") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// namespacePattern is the rule ValidateNamespaceName states, as a regexp:
+// the oracle the byte loop is checked against.
+var namespacePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func TestValidateNamespaceNameFollowsThePattern(t *testing.T) {
+	long := strings.Repeat("a", 128)
+	for _, name := range []string{
+		"", "a", "orders", "Orders.v2_eu-1", "9lives", long, long + "a",
+		".hidden", "_x", "-x", "a b", "a/b", "ä", "a\x00", "a.", "a..b", "A-",
+	} {
+		checkNamespaceName(t, name)
+	}
+}
+
+func FuzzValidateNamespaceName(f *testing.F) {
+	for _, s := range []string{"", "a", "orders.v2", "-x", "a b", strings.Repeat("z", 129)} {
+		f.Add(s)
+	}
+	f.Fuzz(checkNamespaceName)
+}
+
+func checkNamespaceName(t *testing.T, name string) {
+	want := namespacePattern.MatchString(name)
+	err := ValidateNamespaceName(name)
+	if (err == nil) != want {
+		t.Fatalf("ValidateNamespaceName(%q) = %v, pattern says valid=%v", name, err, want)
+	}
+	var inv *InvalidError
+	if err != nil && (!errors.As(err, &inv) || inv.Field != "namespace") {
+		t.Fatalf("ValidateNamespaceName(%q) = %v, want an *InvalidError for field namespace", name, err)
 	}
 }
