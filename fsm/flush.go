@@ -49,6 +49,7 @@ type flushJob struct {
 // flushScratch is the scratch of the one flush that runs at a time.
 type flushScratch struct {
 	order []recOrder
+	spare []recOrder // sortRecords' second array
 	enc   []byte
 }
 
@@ -217,18 +218,7 @@ func (sc *flushScratch) encodeRecords(ov *overlay, live func(bloom.Key) bool) {
 		sc.order = append(sc.order, recOrder{ns: key.Namespace, bucket: key.Bucket, pre: binary.BigEndian.Uint64(pre[:]),
 			off: uint32(off), klen: uint16(klen), vlen: uint16(len(sc.enc) - off - klen)})
 	})
-	enc := sc.enc
-	slices.SortFunc(sc.order, func(x, y recOrder) int {
-		switch {
-		case x.ns != y.ns:
-			return cmp.Compare(x.ns, y.ns)
-		case x.bucket != y.bucket:
-			return cmp.Compare(x.bucket, y.bucket)
-		case x.pre != y.pre:
-			return cmp.Compare(x.pre, y.pre)
-		}
-		return bytes.Compare(x.key(enc), y.key(enc))
-	})
+	sc.order, sc.spare = sortRecords(sc.order, sc.spare, sc.enc)
 }
 
 // batchBytes is the size the sorted records take in a pebble.Batch: a
@@ -251,6 +241,53 @@ func (sc *flushScratch) appendRecords(b *pebble.Batch) {
 
 // maxReusedEnc bounds encodeRecords' scratch kept between flushes.
 const maxReusedEnc = 32 << 20
+
+// sortRecords sorts order by key and returns it, with the array it did not
+// return for the next call's spare. A buffer's records nearly always share
+// one namespace and bucket, and their IDs are random: one counting pass on
+// the ID's first byte splits them into 256 runs of about 1/256 of them,
+// each sorted alone, which needs about half the comparisons of one sort of
+// the whole (a full sort took 7 % of ApplyMarkNew3FSMs's CPU). Records of
+// several namespaces or buckets take the full sort.
+func sortRecords(order, spare []recOrder, enc []byte) (sorted, next []recOrder) {
+	less := func(x, y recOrder) int {
+		switch {
+		case x.ns != y.ns:
+			return cmp.Compare(x.ns, y.ns)
+		case x.bucket != y.bucket:
+			return cmp.Compare(x.bucket, y.bucket)
+		case x.pre != y.pre:
+			return cmp.Compare(x.pre, y.pre)
+		}
+		return bytes.Compare(x.key(enc), y.key(enc))
+	}
+	oneBucket := true
+	for i := 1; i < len(order) && oneBucket; i++ {
+		oneBucket = order[i].ns == order[0].ns && order[i].bucket == order[0].bucket
+	}
+	if !oneBucket || len(order) < 4096 {
+		slices.SortFunc(order, less)
+		return order, spare
+	}
+	var start [257]int
+	for _, r := range order {
+		start[r.pre>>56+1]++
+	}
+	for d := 1; d <= 256; d++ {
+		start[d] += start[d-1]
+	}
+	spare = slices.Grow(spare[:0], len(order))[:len(order)]
+	pos := start
+	for _, r := range order {
+		d := r.pre >> 56
+		spare[pos[d]] = r
+		pos[d]++
+	}
+	for d := range 256 {
+		slices.SortFunc(spare[start[d]:start[d+1]], less)
+	}
+	return spare, order
+}
 
 // recOrder sorts buffered records by key: namespace, bucket, then the ID
 // (its first 8 bytes as an integer, zero-padded, then the whole key). The
