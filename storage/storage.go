@@ -275,28 +275,17 @@ func GetCopy(r pebble.Reader, key []byte) (val []byte, found bool, err error) {
 	return val, true, closer.Close()
 }
 
-// GetInto appends the value at key to dst, returning found=false if absent.
-func GetInto(r pebble.Reader, key, dst []byte) ([]byte, bool, error) {
-	v, closer, err := r.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return dst, false, nil
-	}
-	if err != nil {
-		return dst, false, err
-	}
-	dst = append(dst, v...)
-	return dst, true, closer.Close()
-}
-
-// GetRecordInto is GetInto for a record key the caller expects to be
-// absent: a lookup our Bloom filters answered "maybe" for, which is a false
-// positive far more often than not. Pebble's Get skips the sstable filters
-// of the last level (L6), whose filter blocks CockroachDB's Gets rarely
-// pay for; here every false positive would then read an L6 index and data
-// block, mostly from disk, as the data outgrows the block cache. An
-// iterator asked to use the L6 filters answers most such lookups from the
-// filter block alone. The key must be a whole key (our comparer's Split
-// is the identity), so a prefix seek finds it or nothing.
+// GetRecordInto appends the value of the record at key to dst, returning
+// found=false if absent. The FSM reads every record through it, and most
+// of its lookups are of absent keys: IDs our Bloom filters answered
+// "maybe" for, nearly always a false positive. Pebble's Get skips the
+// sstable filters of the last level (L6), whose blocks CockroachDB's Gets
+// rarely pay for; here every false positive would then read an L6 index
+// and data block, mostly from disk, once the data outgrows the block
+// cache. An iterator asked to use the L6 filters answers most such lookups
+// from the filter block alone; for present keys it measured no slower on
+// a fresh store (docs/PERFORMANCE.md, which also notes what is still open). The key must be a whole key (the default
+// comparer's Split is the identity), so a prefix seek finds it or nothing.
 func (d *DB) GetRecordInto(key, dst []byte) ([]byte, bool, error) {
 	it, err := d.NewIter(&pebble.IterOptions{UseL6Filters: true})
 	if err != nil {

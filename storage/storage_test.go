@@ -142,7 +142,7 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 		AppendRecordKey(nil, 1, 8, []byte("id-00004")), // same ID, next bucket
 	}
 	for _, k := range probes {
-		want, wantOK, err := GetInto(db, k, nil)
+		want, wantOK, err := GetCopy(db, k)
 		if err != nil {
 			t.Fatal(err)
 		}
