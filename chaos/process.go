@@ -407,3 +407,18 @@ func (c *processCluster) Close(ctx context.Context) error {
 	}
 	return nil
 }
+
+// logTails logs the last n lines of every node's server log. A run that
+// did not converge calls it, so the reason a node never caught up is in
+// the test output even after the run's directory is removed.
+func (c *processCluster) logTails(log *slog.Logger, n int) {
+	for _, id := range c.ids {
+		data, err := os.ReadFile(filepath.Join(c.dir, id+".log"))
+		if err != nil {
+			log.Warn("node log unreadable", "node", id, "err", err)
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		log.Warn("node log tail", "node", id, "lines", strings.Join(lines[max(0, len(lines)-n):], "\n"))
+	}
+}

@@ -274,6 +274,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	finished := true
 	if err := converge(cctx, cl, cs); err != nil {
 		log.Warn("cluster did not converge", "err", err)
+		if pc, ok := cl.(*processCluster); ok {
+			pc.logTails(log, 30)
+		}
 		finished = false
 	}
 	if finished {
