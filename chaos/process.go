@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
+	"github.com/dedupnode/dedupnode/internal/logtail"
 )
 
 // ProcessConfig configures a cluster of local `dedupnode serve` processes.
@@ -408,17 +409,11 @@ func (c *processCluster) Close(ctx context.Context) error {
 	return nil
 }
 
-// logTails logs the last n lines of every node's server log. A run that
+// logTails logs the last maxBytes of every node's server log. A run that
 // did not converge calls it, so the reason a node never caught up is in
 // the test output even after the run's directory is removed.
-func (c *processCluster) logTails(log *slog.Logger, n int) {
+func (c *processCluster) logTails(log *slog.Logger, maxBytes int) {
 	for _, id := range c.ids {
-		data, err := os.ReadFile(filepath.Join(c.dir, id+".log"))
-		if err != nil {
-			log.Warn("node log unreadable", "node", id, "err", err)
-			continue
-		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		log.Warn("node log tail", "node", id, "lines", strings.Join(lines[max(0, len(lines)-n):], "\n"))
+		log.Warn("node log tail", "node", id, "lines", logtail.Read(filepath.Join(c.dir, id+".log"), maxBytes))
 	}
 }

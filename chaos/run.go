@@ -275,7 +275,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := converge(cctx, cl, cs); err != nil {
 		log.Warn("cluster did not converge", "err", err)
 		if pc, ok := cl.(*processCluster); ok {
-			pc.logTails(log, 30)
+			pc.logTails(log, 4000)
 		}
 		finished = false
 	}

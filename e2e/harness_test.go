@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/logtail"
 )
 
 // buildBinary builds cmd/dedupnode into a fresh t.TempDir() and returns its
@@ -197,13 +198,7 @@ func (c *cluster) stop(n *node, d time.Duration) {
 }
 
 // tail returns the end of a node's log, for failure messages.
-func (c *cluster) tail(n *node) string {
-	b, _ := os.ReadFile(n.logPath)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
+func (c *cluster) tail(n *node) string { return logtail.Read(n.logPath, 4000) }
 
 func (c *cluster) dumpLogs() {
 	for _, n := range c.nodes {

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dedupnode/dedupnode/internal/logtail"
 )
 
 // ErrNotInstalled means no rabbitmq-server was found.
@@ -193,10 +195,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		select {
 		case <-s.exited:
 			s.stopEPMD()
-			return nil, fmt.Errorf("rabbitproc: broker exited during start (%v); log %s:\n%s", s.exitErr, s.logPath, s.logTail())
+			return nil, fmt.Errorf("rabbitproc: broker exited during start (%v); log %s:\n%s", s.exitErr, s.logPath, logtail.Read(s.logPath, 4000))
 		case <-ctx.Done():
 			s.Close()
-			return nil, fmt.Errorf("rabbitproc: broker not accepting AMQP after %v (%w): %v; log %s:\n%s", cfg.StartTimeout, ctx.Err(), err, s.logPath, s.logTail())
+			return nil, fmt.Errorf("rabbitproc: broker not accepting AMQP after %v (%w): %v; log %s:\n%s", cfg.StartTimeout, ctx.Err(), err, s.logPath, logtail.Read(s.logPath, 4000))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -268,14 +270,6 @@ func (s *Server) stopEPMD() {
 	}
 	_ = s.epmd.Process.Kill()
 	_ = s.epmd.Wait()
-}
-
-func (s *Server) logTail() string {
-	b, _ := os.ReadFile(s.logPath)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }
 
 // freePorts returns n distinct free loopback TCP ports from the OS. They
