@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/chaos/netproxy"
 	"github.com/dedupnode/dedupnode/internal/logtail"
+	"github.com/dedupnode/dedupnode/internal/portlock"
 )
 
 // ProcessConfig configures a cluster of local `dedupnode serve` processes.
@@ -58,6 +58,7 @@ type processCluster struct {
 	grpc    map[string]string
 	proxied map[string]string // Raft address in the peer list
 	peers   string
+	ports   *portlock.Ports // the real Raft and gRPC ports, kept for restarts
 	net     *netproxy.Net
 	log     *slog.Logger
 
@@ -98,6 +99,12 @@ func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err
 			_ = c.Close(context.WithoutCancel(ctx))
 		}
 	}()
+	// A killed node restarts on its ports, so they come from below the
+	// kernel's ephemeral range: no other process is handed them meanwhile.
+	if c.ports, err = portlock.Reserve(2 * (cfg.Nodes + cfg.Replicas)); err != nil {
+		return nil, fmt.Errorf("process cluster: %w", err)
+	}
+	ports := c.ports.Addrs()
 	var peers []string
 	regions := max(cfg.Regions, 1)
 	for i := 1; i <= cfg.Nodes+cfg.Replicas; i++ {
@@ -110,12 +117,7 @@ func StartProcessCluster(ctx context.Context, cfg ProcessConfig) (_ Cluster, err
 			c.region[id] = fmt.Sprintf("region%d", (i-1)%regions+1)
 		}
 		c.ids = append(c.ids, id)
-		if c.raft[id], err = freePort(); err != nil {
-			return nil, err
-		}
-		if c.grpc[id], err = freePort(); err != nil {
-			return nil, err
-		}
+		c.raft[id], c.grpc[id] = ports[2*(i-1)], ports[2*(i-1)+1]
 		if c.proxied[id], err = c.net.Add(id, "127.0.0.1:0", c.raft[id]); err != nil {
 			return nil, err
 		}
@@ -163,17 +165,6 @@ func (c *processCluster) Regions() [][]string {
 		out[k-1] = append(out[k-1], id)
 	}
 	return out
-}
-
-// freePort returns a loopback address with a port free right now.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("allocate a loopback port: %w", err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr, nil
 }
 
 func (c *processCluster) Nodes() []string       { return append([]string(nil), c.ids...) }
@@ -403,6 +394,9 @@ func (c *processCluster) Close(ctx context.Context) error {
 		<-p.done
 	}
 	c.net.Close()
+	if c.ports != nil {
+		_ = c.ports.Release()
+	}
 	if c.ownDir {
 		return os.RemoveAll(c.dir)
 	}

@@ -148,7 +148,8 @@ type Config struct {
 	// client writes are refused (*diskspace.LowSpaceError, matching
 	// ErrLowDiskSpace). Zero: automatic, 64 MiB plus twice the state
 	// machine's size on disk (room for a snapshot and a full compaction),
-	// and never less than twice the apply reserve (see DiskReserve).
+	// and never less than twice the apply reserve (see DiskReserve). A
+	// fixed value below MinFreeDiskFloor lets the disk fill.
 	MinFreeDisk uint64
 	// DiskCheckInterval is how often free space is measured (default
 	// 250 ms).

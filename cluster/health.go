@@ -48,6 +48,20 @@ func DiskReserve(memtable uint64) uint64 {
 	return memtable + memtable*11/10 + 4<<20
 }
 
+// MinFreeDiskFloor is the lowest MinFreeDisk that keeps a node with
+// memtables of memtable bytes and the log store ls clear of a full disk:
+// the apply reserve, plus one segment for wal. Below MinFreeDisk a leader
+// refuses client writes, but it still appends what it took before its next
+// measurement and its own entries; when the segment in use fills, raft-wal
+// creates the next one preallocated whole, and that needs the room.
+func MinFreeDiskFloor(memtable uint64, ls LogStore) uint64 {
+	floor := DiskReserve(memtable)
+	if ls != LogStoreBoltDB {
+		floor += defaultWALSegmentBytes
+	}
+	return floor
+}
+
 // healthLag is how far the applied index may trail the commit index for
 // Health: a few entries never reach the FSM (no-ops, barriers) and a busy
 // follower is always a little behind.

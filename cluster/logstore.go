@@ -10,7 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
 )
 
@@ -151,33 +151,15 @@ func openLogStore(dataDir string, ls LogStore, segmentBytes int, hcl hclog.Logge
 		if segmentBytes <= 0 {
 			segmentBytes = defaultWALSegmentBytes
 		}
-		w, err := wal.Open(dir, wal.WithLogger(hcl.Named("wal")), wal.WithSegmentSize(segmentBytes))
+		s, err := openWALStore(dir, segmentBytes, hcl.Named("wal"), fs.New())
 		if err != nil {
 			lock.Close()
-			return nil, fmt.Errorf("open raft log %s: %w", dir, err)
+			return nil, err
 		}
-		return &walStore{WAL: w, lock: lock}, nil
+		s.lock = lock
+		return s, nil
 	}
 	return nil, fmt.Errorf("unknown raft log store %q", ls)
-}
-
-// walStore is raft-wal with an exclusive lock on its directory: raft-wal
-// opens its meta file with bbolt's default of waiting forever for bbolt's
-// own lock, so a second process on the same data dir would hang instead of
-// failing (raft-boltdb fails after its 2 s Timeout).
-type walStore struct {
-	*wal.WAL
-	lock *os.File
-}
-
-// Close closes the WAL (it waits for a write in progress and closes its
-// meta store), then releases the lock.
-func (s *walStore) Close() error {
-	err := s.WAL.Close()
-	if cerr := s.lock.Close(); err == nil { // closing releases the flock
-		err = cerr
-	}
-	return err
 }
 
 // lockDir takes an exclusive, non-blocking flock on dir/LOCK.

@@ -243,15 +243,17 @@ func TestDiskFull_RefusesWritesThenResumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bin := buildBinary(t)
-	fs := mountTmpfs(t, 64<<20)
+	fs := mountTmpfs(t, 96<<20)
 	ballast := filepath.Join(fs, "ballast")
 
 	ports := freePorts(t, 3)
 	cl := &cluster{t: t, bin: bin, args: []string{"--bootstrap"}}
 	n := &node{id: "n1", raft: ports[0], grpc: ports[1], dir: filepath.Join(fs, "data"), logPath: filepath.Join(t.TempDir(), "n1.log")}
 	cl.nodes = []*node{n}
-	const minFree = 16 << 20
-	cl.start(n, "--admin-addr", ports[2], "--min-free-disk", "16MiB", "--fsm-memtable-size", "2MiB")
+	// The lowest --min-free-disk serve takes with 2 MiB memtables: the
+	// apply reserve (8.2 MiB) and one 16 MiB Raft log segment, rounded up.
+	const minFree = 32 << 20
+	cl.start(n, "--admin-addr", ports[2], "--min-free-disk", "32MiB", "--fsm-memtable-size", "2MiB")
 	cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
 	cc := dial(t, n.grpc)
 	dc := dedupv1.NewDedupClient(cc)
@@ -460,7 +462,7 @@ func TestStalledLeaderDisk_NewLeaderWithinBound(t *testing.T) {
 		// --min-free-disk is fixed: the auto threshold (64 MiB + 2 × the
 		// store) is above what a 96 MiB ext4 has left once formatted, and
 		// this test is about a stalled disk, not a full one.
-		cl.start(n, "--raft-log-stall-timeout", stall.String(), "--fsm-memtable-size", "4MiB", "--min-free-disk", "16MiB")
+		cl.start(n, "--raft-log-stall-timeout", stall.String(), "--fsm-memtable-size", "4MiB", "--min-free-disk", "32MiB")
 	}
 	thawed := false
 	thaw := func() {
@@ -790,7 +792,7 @@ func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
 	n3 := cl.nodes[2]
 	n3.dir = filepath.Join(fs, "n3")
 	for _, n := range cl.nodes {
-		cl.start(n, "--fsm-memtable-size", "2MiB", "--min-free-disk", "16MiB")
+		cl.start(n, "--fsm-memtable-size", "2MiB", "--min-free-disk", "32MiB")
 	}
 	cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
 	conns := map[string]*grpc.ClientConn{}
@@ -844,8 +846,17 @@ func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
 			acked = append(acked, it.Id)
 		}
 	}
-	if s, err := health(ctx, conns["n3"]); err != nil || s != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("n3 health while paused: %v %v, want NOT_SERVING", s, err)
+	// gRPC health is published by the node's housekeeping loop (every
+	// 200 ms), not computed per call as Status is: wait for it, while n3
+	// stays paused with a full disk.
+	if err := waitUntil(ctx, 30*time.Second, func(ctx context.Context) error {
+		if s, err := health(ctx, conns["n3"]); err != nil || s != healthpb.HealthCheckResponse_NOT_SERVING {
+			return fmt.Errorf("grpc health %v, %v", s, err)
+		}
+		return nil
+	}); err != nil {
+		cl.dumpLogs()
+		t.Fatalf("n3 health while paused, want NOT_SERVING: %v", err)
 	}
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)

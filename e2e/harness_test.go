@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/internal/logtail"
+	"github.com/dedupnode/dedupnode/internal/portlock"
 )
 
 // buildBinary builds cmd/dedupnode into a fresh t.TempDir() and returns its
@@ -35,23 +35,17 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
-// freePorts returns n loopback addresses that were free a moment ago.
+// freePorts returns n loopback addresses free now and reserved for the
+// test: nodes are killed and restarted on them, so they come from below
+// the kernel's ephemeral range, where no other process is handed them.
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	var lns []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, l)
+	p, err := portlock.Reserve(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out := make([]string, n)
-	for i, l := range lns {
-		out[i] = l.Addr().String()
-		l.Close()
-	}
-	return out
+	t.Cleanup(func() { _ = p.Release() })
+	return p.Addrs()
 }
 
 // node is one `dedupnode serve` process.

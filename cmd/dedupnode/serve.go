@@ -254,6 +254,15 @@ func autoMemtable(dir string) int64 {
 	}
 }
 
+// walFloorNote names the part of the free-space floor that comes from the
+// log store.
+func walFloorNote(memtable uint64, ls cluster.LogStore) string {
+	if seg := cluster.MinFreeDiskFloor(memtable, ls) - cluster.DiskReserve(memtable); seg > 0 {
+		return " and one " + humanBytes(seg) + " Raft log segment"
+	}
+	return ""
+}
+
 // logStore is the Raft log store to open: the one --raft-log-store names,
 // which must be the one the data dir holds, or, when the flag is not given,
 // the one the data dir holds (DefaultLogStore for a new node), so that a
@@ -373,9 +382,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	} else if memtable, err = parseByteSize(f.memtableSize); err != nil || memtable < 1<<20 || memtable > 4<<30 {
 		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB, or auto", f.memtableSize)
 	}
-	if minFree > 0 && uint64(minFree) < cluster.DiskReserve(uint64(memtable)) {
-		return cfg, nil, usagef("--min-free-disk %s is below the %s the ID store needs to keep applying with --fsm-memtable-size %s: raise it or lower the memtable size",
-			f.minFreeDisk, humanBytes(cluster.DiskReserve(uint64(memtable))), f.memtableSize)
+	if floor := cluster.MinFreeDiskFloor(uint64(memtable), logStore); minFree > 0 && uint64(minFree) < floor {
+		return cfg, nil, usagef("--min-free-disk %s is below the %s a node needs to keep applying with --fsm-memtable-size %s and --raft-log-store %s (the apply reserve%s): raise it or lower the memtable size",
+			f.minFreeDisk, humanBytes(floor), f.memtableSize, logStore, walFloorNote(uint64(memtable), logStore))
 	}
 	maxEntry := int64(cluster.DefaultMaxEntryBytes)
 	if f.maxEntryBytes != "" {

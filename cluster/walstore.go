@@ -1,0 +1,260 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
+)
+
+// walStore is raft-wal with two repairs around it.
+//
+// An exclusive lock on its directory: raft-wal opens its meta file with
+// bbolt's default of waiting forever for bbolt's own lock, so a second
+// process on the same data dir would hang instead of failing (raft-boltdb
+// fails after its 2 s Timeout).
+//
+// Recovery from a failed segment rotation. When a segment is full,
+// raft-wal seals it and creates the next one, preallocated to the segment
+// size, in the background. If that creation fails (the disk has less free
+// space than a segment), raft-wal logs "rotate error" and never tries
+// again: every later append fails with "segment is sealed" until the
+// process restarts, so a disk that was full for a moment would wedge the
+// node for good (a leader steps down at each append, a follower never
+// catches up). The store reopens the WAL instead, once the disk has room
+// for a segment: raft-wal commits the new segment to its meta store before
+// it creates the file, and an open recovers that tail, whether its file is
+// missing (created then) or was left empty by the failed creation.
+type walStore struct {
+	dir  string
+	open func() (*wal.WAL, error)
+	// room reports whether the disk has room for a new segment. Without
+	// it a reopen would fail, and the wedged WAL, which still serves
+	// reads, is kept meanwhile.
+	room func() bool
+	log  hclog.Logger
+	lock *os.File // released by Close
+
+	mu     sync.RWMutex // guards w: every call holds it shared, a reopen exclusively
+	w      *wal.WAL     // nil after a reopen failed; the next append tries again
+	broken error        // why w is nil
+}
+
+var (
+	_ raft.LogStore          = (*walStore)(nil)
+	_ raft.StableStore       = (*walStore)(nil)
+	_ raft.MonotonicLogStore = (*walStore)(nil)
+)
+
+// openWALStore opens the WAL in dir with segments of segmentBytes, its
+// segment files through vfs (fs.New(); tests inject failures).
+func openWALStore(dir string, segmentBytes int, log hclog.Logger, vfs types.VFS) (*walStore, error) {
+	s := &walStore{dir: dir, log: log, room: func() bool { return freeBytes(dir) >= uint64(segmentBytes) }}
+	s.open = func() (*wal.WAL, error) {
+		// Our own meta store, so that a failed open can close it: raft-wal
+		// leaves it open, and its bbolt lock would block the next open
+		// forever.
+		meta := &metadb.BoltMetaDB{}
+		w, err := wal.Open(dir, wal.WithLogger(log), wal.WithSegmentSize(segmentBytes),
+			wal.WithSegmentFiler(segment.NewFiler(dir, vfs)), wal.WithMetaStore(meta))
+		if err != nil {
+			_ = meta.Close()
+			return nil, fmt.Errorf("open raft log %s: %w", dir, err)
+		}
+		return w, nil
+	}
+	var err error
+	if s.w, err = s.open(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// freeBytes is the free space of dir's filesystem for unprivileged users
+// (0 when it cannot be measured, so that nothing is attempted).
+func freeBytes(dir string) uint64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return st.Bavail * uint64(st.Bsize)
+}
+
+// errWALBroken wraps the error of a reopen that failed.
+var errWALBroken = errors.New("raft log unavailable after a failed segment rotation")
+
+// current returns the open WAL under s.mu held shared, or the reason there
+// is none. The caller releases s.mu.
+func (s *walStore) current() (*wal.WAL, error) {
+	s.mu.RLock()
+	if s.w == nil {
+		return nil, fmt.Errorf("%w: %v", errWALBroken, s.broken)
+	}
+	return s.w, nil
+}
+
+// reopen replaces failed, the WAL whose append found its tail sealed (or
+// nil when a reopen failed before), by a new one opened from disk, once the
+// disk has room for the segment the open creates. Only one caller
+// reopens; the others find it done.
+func (s *walStore) reopen(failed *wal.WAL) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.w != failed {
+		return nil // reopened by another caller meanwhile
+	}
+	if !s.room() {
+		return errors.New("no room on the disk for a new raft log segment")
+	}
+	if failed != nil {
+		if err := failed.Close(); err != nil {
+			s.log.Warn("closing the wedged raft log", "error", err)
+		}
+		s.w = nil
+	}
+	w, err := s.open()
+	if err != nil {
+		s.broken = err
+		s.log.Error("raft log segment rotation failed and the log cannot be reopened yet; appends fail until it can", "error", err)
+		return err
+	}
+	s.w, s.broken = w, nil
+	s.log.Warn("raft log reopened after a failed segment rotation (the disk was full); appends go on")
+	return nil
+}
+
+// wedged reports whether an append's error means the WAL must be reopened.
+func wedged(err error) bool {
+	return errors.Is(err, types.ErrSealed) || errors.Is(err, errWALBroken)
+}
+
+// StoreLogs appends logs. An append refused because the tail is sealed
+// with no successor (or because an earlier reopen failed) reopens the WAL
+// and tries once more: the entries were not written (raft-wal checks the
+// seal before it writes anything).
+func (s *walStore) StoreLogs(logs []*raft.Log) error {
+	w, err := s.current()
+	if err == nil {
+		err = w.StoreLogs(logs)
+		s.mu.RUnlock()
+	} else {
+		s.mu.RUnlock()
+	}
+	if !wedged(err) {
+		return err
+	}
+	if rerr := s.reopen(w); rerr != nil {
+		return fmt.Errorf("%w (reopening: %v)", err, rerr)
+	}
+	w, err = s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return w.StoreLogs(logs)
+}
+
+func (s *walStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func (s *walStore) FirstIndex() (uint64, error) {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return 0, err
+	}
+	return w.FirstIndex()
+}
+
+func (s *walStore) LastIndex() (uint64, error) {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return 0, err
+	}
+	return w.LastIndex()
+}
+
+func (s *walStore) GetLog(index uint64, l *raft.Log) error {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return w.GetLog(index, l)
+}
+
+func (s *walStore) DeleteRange(lo, hi uint64) error {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return w.DeleteRange(lo, hi)
+}
+
+func (s *walStore) Set(k, v []byte) error {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return w.Set(k, v)
+}
+
+func (s *walStore) Get(k []byte) ([]byte, error) {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return nil, err
+	}
+	return w.Get(k)
+}
+
+func (s *walStore) SetUint64(k []byte, v uint64) error {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return w.SetUint64(k, v)
+}
+
+func (s *walStore) GetUint64(k []byte) (uint64, error) {
+	w, err := s.current()
+	defer s.mu.RUnlock()
+	if err != nil {
+		return 0, err
+	}
+	return w.GetUint64(k)
+}
+
+// IsMonotonic: raft-wal keeps consecutive indexes only.
+func (s *walStore) IsMonotonic() bool { return true }
+
+// Close closes the WAL (it waits for a write in progress and closes its
+// meta store), then releases the directory lock.
+func (s *walStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	if s.w != nil {
+		err = s.w.Close()
+		s.w = nil
+	}
+	s.broken = errors.New("closed")
+	if s.lock != nil {
+		if cerr := s.lock.Close(); err == nil { // closing releases the flock
+			err = cerr
+		}
+		s.lock = nil
+	}
+	return err
+}
