@@ -50,7 +50,8 @@ func DiskReserve(memtable uint64) uint64 {
 
 // MinFreeDiskFloor is the lowest MinFreeDisk that keeps a node with
 // memtables of memtable bytes and the log store ls clear of a full disk:
-// the apply reserve, plus one segment for wal. Below MinFreeDisk a leader
+// the apply reserve, plus one segment of the default size for wal (add the
+// difference when Config.WALSegmentBytes is larger). Below MinFreeDisk a leader
 // refuses client writes, but it still appends what it took before its next
 // measurement and its own entries; when the segment in use fills, raft-wal
 // creates the next one preallocated whole, and that needs the room.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -46,6 +47,12 @@ type walStore struct {
 	mu     sync.RWMutex // guards w: every call holds it shared, a reopen exclusively
 	w      *wal.WAL     // nil after a reopen failed; the next append tries again
 	broken error        // why w is nil
+	closed bool         // Close was called: nothing reopens
+	// sealed: an append of w found its tail sealed with no successor. Its
+	// meta store then already lists the successor while w's memory does
+	// not, and a head truncation (DeleteRange) would persist w's stale
+	// view over it; so truncations wait for a reopen.
+	sealed atomic.Bool
 }
 
 var (
@@ -108,6 +115,9 @@ func (s *walStore) current() (*wal.WAL, error) {
 func (s *walStore) reopen(failed *wal.WAL) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return wal.ErrClosed
+	}
 	if s.w != failed {
 		return nil // reopened by another caller meanwhile
 	}
@@ -122,11 +132,15 @@ func (s *walStore) reopen(failed *wal.WAL) error {
 	}
 	w, err := s.open()
 	if err != nil {
+		// Rare: the room measured above went meanwhile. Every call fails
+		// until an append reopens the log (Raft panics if it cannot store
+		// a new term meanwhile, and the process exits).
 		s.broken = err
 		s.log.Error("raft log segment rotation failed and the log cannot be reopened yet; appends fail until it can", "error", err)
 		return err
 	}
 	s.w, s.broken = w, nil
+	s.sealed.Store(false)
 	s.log.Warn("raft log reopened after a failed segment rotation (the disk was full); appends go on")
 	return nil
 }
@@ -151,6 +165,9 @@ func (s *walStore) StoreLogs(logs []*raft.Log) error {
 	if !wedged(err) {
 		return err
 	}
+	if errors.Is(err, types.ErrSealed) {
+		s.sealed.Store(true)
+	}
 	if rerr := s.reopen(w); rerr != nil {
 		return fmt.Errorf("%w (reopening: %v)", err, rerr)
 	}
@@ -159,7 +176,11 @@ func (s *walStore) StoreLogs(logs []*raft.Log) error {
 	if err != nil {
 		return err
 	}
-	return w.StoreLogs(logs)
+	if err = w.StoreLogs(logs); errors.Is(err, types.ErrSealed) {
+		s.sealed.Store(true)
+		s.log.Error("raft log still refuses appends after a reopen (its tail segment is sealed); restart the node, and if that does not help, replace its data dir from a snapshot (docs/OPERATIONS.md)", "error", err)
+	}
+	return err
 }
 
 func (s *walStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
@@ -191,7 +212,17 @@ func (s *walStore) GetLog(index uint64, l *raft.Log) error {
 	return w.GetLog(index, l)
 }
 
+// DeleteRange truncates the log. A wedged WAL is reopened first, or the
+// truncation is refused (Raft tries again after its next snapshot).
 func (s *walStore) DeleteRange(lo, hi uint64) error {
+	if s.sealed.Load() {
+		s.mu.RLock()
+		w := s.w
+		s.mu.RUnlock()
+		if err := s.reopen(w); err != nil {
+			return fmt.Errorf("raft log truncation deferred until the log is reopened: %w", err)
+		}
+	}
 	w, err := s.current()
 	defer s.mu.RUnlock()
 	if err != nil {
@@ -249,7 +280,7 @@ func (s *walStore) Close() error {
 		err = s.w.Close()
 		s.w = nil
 	}
-	s.broken = errors.New("closed")
+	s.broken, s.closed = wal.ErrClosed, true
 	if s.lock != nil {
 		if cerr := s.lock.Close(); err == nil { // closing releases the flock
 			err = cerr

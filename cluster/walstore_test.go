@@ -93,6 +93,11 @@ func TestWALStore_AppendsResumeAfterARotationFailedOnAFullDisk(t *testing.T) {
 	if err := s.GetLog(1, &l); err != nil {
 		t.Fatalf("read while the disk is full: %v", err)
 	}
+	// A snapshot's head truncation now would persist raft-wal's stale view
+	// of the segments over the meta store that lists the new one: refused.
+	if err := s.DeleteRange(1, 10); err == nil {
+		t.Fatal("a head truncation went through while the log was wedged")
+	}
 
 	// The failed creation left the new segment's file empty. Had it left
 	// nothing, the reopen would create it, and with the disk still full
@@ -124,25 +129,31 @@ func TestWALStore_AppendsResumeAfterARotationFailedOnAFullDisk(t *testing.T) {
 		}
 		next++
 	}
-	check := func(s *walStore, when string) {
+	check := func(s *walStore, when string, from uint64) {
 		t.Helper()
 		first, err1 := s.FirstIndex()
 		last, err2 := s.LastIndex()
-		if err1 != nil || err2 != nil || first != 1 || last != uint64(next-1) {
-			t.Fatalf("%s: entries %d..%d (%v, %v), want 1..%d", when, first, last, err1, err2, next-1)
+		if err1 != nil || err2 != nil || first != from || last != uint64(next-1) {
+			t.Fatalf("%s: entries %d..%d (%v, %v), want %d..%d", when, first, last, err1, err2, from, next-1)
 		}
-		for i := uint64(1); i < uint64(next); i++ {
+		for i := from; i < uint64(next); i++ {
 			var l raft.Log
 			if err := s.GetLog(i, &l); err != nil || l.Index != i || len(l.Data) != 1024 {
 				t.Fatalf("%s: entry %d: %v (index %d, %d bytes)", when, i, err, l.Index, len(l.Data))
 			}
 		}
 	}
-	check(s, "after space came back")
+	check(s, "after space came back", 1)
+	if err := s.DeleteRange(1, 10); err != nil {
+		t.Fatalf("head truncation once the log is reopened: %v", err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.StoreLogs(entries(next, 1)); err == nil {
+		t.Fatal("an append succeeded on a closed log")
+	}
 	s = open()
 	defer s.Close()
-	check(s, "reopened from disk")
+	check(s, "reopened from disk", 11)
 }

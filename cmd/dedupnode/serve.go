@@ -383,7 +383,7 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 		return cfg, nil, usagef("--fsm-memtable-size %q: want a size from 1MiB to 4GiB, e.g. 32MiB, or auto", f.memtableSize)
 	}
 	if floor := cluster.MinFreeDiskFloor(uint64(memtable), logStore); minFree > 0 && uint64(minFree) < floor {
-		return cfg, nil, usagef("--min-free-disk %s is below the %s a node needs to keep applying with --fsm-memtable-size %s and --raft-log-store %s (the apply reserve%s): raise it or lower the memtable size",
+		return cfg, nil, usagef("--min-free-disk %s is below the %s a node needs to go on applying and logging with --fsm-memtable-size %s and --raft-log-store %s (the apply reserve%s): raise it or lower the memtable size",
 			f.minFreeDisk, humanBytes(floor), f.memtableSize, logStore, walFloorNote(uint64(memtable), logStore))
 	}
 	maxEntry := int64(cluster.DefaultMaxEntryBytes)

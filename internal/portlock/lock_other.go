@@ -7,7 +7,7 @@ import "os"
 // tryLock without flock: the port's file is opened and nothing is locked,
 // so only the bind check guards against our other processes.
 func tryLock(path string) (*os.File, bool, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o666)
 	if err != nil {
 		return nil, false, err
 	}
