@@ -67,6 +67,13 @@ func TestDevAdminAddr(t *testing.T) {
 	if code, _, e := runCLI(t, rctx, "", "export", "--addr", strings.Split(addr, ",")[0], "--namespace", "default", "--out", t.TempDir()+"/x.ndjson"); code != 0 {
 		t.Fatalf("export: %s", e)
 	}
+	// Each node serves a call of its own, so each has requests to count
+	// whichever node leads (the mark went to the leader only).
+	for _, a := range strings.Split(addr, ",") {
+		if code, _, e := runCLI(t, rctx, "", "status", "--addr", a); code != 0 {
+			t.Fatalf("status of %s: %s", a, e)
+		}
+	}
 	c := &http.Client{Timeout: 10 * time.Second}
 	var text string
 	for _, u := range urls {
