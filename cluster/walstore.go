@@ -6,7 +6,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -14,6 +13,8 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
 	"github.com/hashicorp/raft-wal/types"
+
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 )
 
 // walStore is raft-wal with two repairs around it.
@@ -35,7 +36,6 @@ import (
 // it creates the file, and an open recovers that tail, whether its file is
 // missing (created then) or was left empty by the failed creation.
 type walStore struct {
-	dir  string
 	open func() (*wal.WAL, error)
 	// room reports whether the disk has room for a new segment. Without
 	// it a reopen would fail, and the wedged WAL, which still serves
@@ -64,7 +64,11 @@ var (
 // openWALStore opens the WAL in dir with segments of segmentBytes, its
 // segment files through vfs (fs.New(); tests inject failures).
 func openWALStore(dir string, segmentBytes int, log hclog.Logger, vfs types.VFS) (*walStore, error) {
-	s := &walStore{dir: dir, log: log, room: func() bool { return freeBytes(dir) >= uint64(segmentBytes) }}
+	room := func() bool {
+		free, _, err := diskspace.Free(dir)
+		return err == nil && free >= uint64(segmentBytes)
+	}
+	s := &walStore{log: log, room: room}
 	s.open = func() (*wal.WAL, error) {
 		// Our own meta store, so that a failed open can close it: raft-wal
 		// leaves it open, and its bbolt lock would block the next open
@@ -83,16 +87,6 @@ func openWALStore(dir string, segmentBytes int, log hclog.Logger, vfs types.VFS)
 		return nil, err
 	}
 	return s, nil
-}
-
-// freeBytes is the free space of dir's filesystem for unprivileged users
-// (0 when it cannot be measured, so that nothing is attempted).
-func freeBytes(dir string) uint64 {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0
-	}
-	return st.Bavail * uint64(st.Bsize)
 }
 
 // errWALBroken wraps the error of a reopen that failed.
@@ -158,10 +152,8 @@ func (s *walStore) StoreLogs(logs []*raft.Log) error {
 	w, err := s.current()
 	if err == nil {
 		err = w.StoreLogs(logs)
-		s.mu.RUnlock()
-	} else {
-		s.mu.RUnlock()
 	}
+	s.mu.RUnlock()
 	if !wedged(err) {
 		return err
 	}
@@ -185,31 +177,28 @@ func (s *walStore) StoreLogs(logs []*raft.Log) error {
 
 func (s *walStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
-func (s *walStore) FirstIndex() (uint64, error) {
+// use calls f with the open WAL, holding s.mu shared.
+func use[T any](s *walStore, f func(*wal.WAL) (T, error)) (T, error) {
 	w, err := s.current()
 	defer s.mu.RUnlock()
 	if err != nil {
-		return 0, err
+		var zero T
+		return zero, err
 	}
-	return w.FirstIndex()
+	return f(w)
 }
 
-func (s *walStore) LastIndex() (uint64, error) {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return 0, err
-	}
-	return w.LastIndex()
+// do is use for calls that return only an error.
+func do(s *walStore, f func(*wal.WAL) error) error {
+	_, err := use(s, func(w *wal.WAL) (struct{}, error) { return struct{}{}, f(w) })
+	return err
 }
+
+func (s *walStore) FirstIndex() (uint64, error) { return use(s, (*wal.WAL).FirstIndex) }
+func (s *walStore) LastIndex() (uint64, error)  { return use(s, (*wal.WAL).LastIndex) }
 
 func (s *walStore) GetLog(index uint64, l *raft.Log) error {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	return w.GetLog(index, l)
+	return do(s, func(w *wal.WAL) error { return w.GetLog(index, l) })
 }
 
 // DeleteRange truncates the log. A wedged WAL is reopened first, or the
@@ -223,48 +212,23 @@ func (s *walStore) DeleteRange(lo, hi uint64) error {
 			return fmt.Errorf("raft log truncation deferred until the log is reopened: %w", err)
 		}
 	}
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	return w.DeleteRange(lo, hi)
+	return do(s, func(w *wal.WAL) error { return w.DeleteRange(lo, hi) })
 }
 
 func (s *walStore) Set(k, v []byte) error {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	return w.Set(k, v)
+	return do(s, func(w *wal.WAL) error { return w.Set(k, v) })
 }
 
 func (s *walStore) Get(k []byte) ([]byte, error) {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return nil, err
-	}
-	return w.Get(k)
+	return use(s, func(w *wal.WAL) ([]byte, error) { return w.Get(k) })
 }
 
 func (s *walStore) SetUint64(k []byte, v uint64) error {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	return w.SetUint64(k, v)
+	return do(s, func(w *wal.WAL) error { return w.SetUint64(k, v) })
 }
 
 func (s *walStore) GetUint64(k []byte) (uint64, error) {
-	w, err := s.current()
-	defer s.mu.RUnlock()
-	if err != nil {
-		return 0, err
-	}
-	return w.GetUint64(k)
+	return use(s, func(w *wal.WAL) (uint64, error) { return w.GetUint64(k) })
 }
 
 // IsMonotonic: raft-wal keeps consecutive indexes only.
