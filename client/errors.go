@@ -90,8 +90,15 @@ type Error struct {
 	// Message is what happened in the node's words, without the advice its
 	// status message appends (or the transport's cause).
 	Message string
-	// Field is the offending field of an invalid request ("items[2].id").
-	Field string
+	// Field is the offending field of an invalid request ("items[2].id"),
+	// and Violation what is wrong with it, in the node's words ("empty
+	// message ID").
+	Field     string
+	Violation string
+	// Item is the position, counting from 1, of the request item an
+	// invalid request is about (items[Item-1], the IDs' order in the call):
+	// Field "items[2].id" has Item 3. 0 when it is about no single item.
+	Item int
 	// Namespace is the namespace the error is about, when it names one.
 	Namespace string
 	// MaxMs is the limit a TTL or lease out of range broke, 0 if none.
@@ -209,9 +216,12 @@ func decodeStatus(e *Error, err error) {
 			if v, perr := strconv.ParseInt(md[dedupv1.MetaMaxMs], 10, 64); perr == nil {
 				e.MaxMs = v
 			}
+			if v, perr := strconv.Atoi(md[dedupv1.MetaItem]); perr == nil && v > 0 {
+				e.Item = v
+			}
 		case *errdetails.BadRequest:
 			if v := d.GetFieldViolations(); len(v) > 0 {
-				e.Field = v[0].GetField()
+				e.Field, e.Violation = v[0].GetField(), v[0].GetDescription()
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
@@ -46,6 +47,44 @@ func TestDurationsNotWholeMillisecondsAreRefused(t *testing.T) {
 		if !errors.As(err, &e) || !errors.Is(err, client.ErrInvalidArgument) || e.Field != tc.field {
 			t.Errorf("%s: %v, want ErrInvalidArgument on field %s", tc.name, err, tc.field)
 		}
+	}
+}
+
+// An invalid item's error says which item it is, typed (Error.Item,
+// counting from 1) and without the field in the violation's words, so a
+// caller can name the item in its own terms (the CLI names the input line)
+// without reading the message.
+func TestInvalidItemErrorNamesTheItem(t *testing.T) {
+	cl := testcluster.New(t, devcluster.Config{Nodes: 1, AutoCreateNamespaces: true})
+	ctx := testCtx(t, 30*time.Second)
+	c := newClient(t, cl.Addrs())
+	long := []byte(strings.Repeat("x", 600)) // over the default 512 bytes
+	items := []client.Item{{ID: []byte("a")}, {ID: []byte("b")}, {ID: long}, {ID: []byte("d")}}
+	if _, err := c.Mark(ctx, "items", items[:1], 0); err != nil { // creates the namespace
+		t.Fatal(err)
+	}
+	_, err := c.Mark(ctx, "items", items, 0)
+	if err == nil {
+		t.Fatal("mark with a long third ID: no error")
+	}
+	e := client.AsError(err)
+	if !errors.Is(err, client.ErrInvalidArgument) || e.Item != 3 || e.Field != "items[2].id" ||
+		e.Violation == "" || strings.Contains(e.Violation, "items[") {
+		t.Fatalf("mark with a long third ID: %v (item %d, field %q, violation %q), want item 3, field items[2].id", err, e.Item, e.Field, e.Violation)
+	}
+	_, err = c.Check(ctx, "items", [][]byte{[]byte("a"), long}, client.Linearizable)
+	if err == nil {
+		t.Fatal("check with a long second ID: no error")
+	}
+	if e := client.AsError(err); !errors.Is(err, client.ErrInvalidArgument) || e.Item != 2 || e.Field != "ids[1]" {
+		t.Fatalf("check with a long second ID: %v (item %d, field %q), want item 2, field ids[1]", err, e.Item, e.Field)
+	}
+	_, err = c.Mark(ctx, "items", items[:1], 400*24*time.Hour)
+	if err == nil {
+		t.Fatal("mark with a TTL out of range: no error")
+	}
+	if e := client.AsError(err); !errors.Is(err, client.ErrInvalidArgument) || e.Item != 0 {
+		t.Fatalf("mark with a TTL out of range: %v (item %d), want item 0: no single item", err, e.Item)
 	}
 }
 

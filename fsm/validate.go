@@ -24,6 +24,10 @@ type InvalidError struct {
 	// any namespace can have); zero for other fields.
 	MaxMs     int64
 	Namespace string
+	// Item is the offending item's position in the request counting from 1
+	// (Field "items[2].id" has Item 3), 0 when the error is not about one
+	// item.
+	Item int
 }
 
 func (e *InvalidError) Error() string { return e.Field + ": " + e.Reason }
@@ -31,6 +35,11 @@ func (e *InvalidError) Unwrap() error { return ErrInvalidArgument }
 
 func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// invalidItem is invalid for the field (e.g. "id") of item i (from 0).
+func invalidItem(i int, field, format string, args ...any) error {
+	return &InvalidError{Field: fmt.Sprintf("items[%d].%s", i, field), Reason: fmt.Sprintf(format, args...), Item: i + 1}
 }
 
 // ValidateNamespaceName checks a namespace name: 1..128 characters of
@@ -100,24 +109,24 @@ func Validate(op *Op, ns *NamespaceConfig, lim Limits) error {
 	for i := range op.Items {
 		it := &op.Items[i]
 		if len(it.ID) == 0 {
-			return invalid(fmt.Sprintf("items[%d].id", i), "empty message ID")
+			return invalidItem(i, "id", "empty message ID")
 		}
 		if len(it.ID) > ns.MaxIDBytes {
 			if ns.Name == "" {
-				return invalid(fmt.Sprintf("items[%d].id", i), "%d bytes exceed %d, the most any namespace allows", len(it.ID), ns.MaxIDBytes)
+				return invalidItem(i, "id", "%d bytes exceed %d, the most any namespace allows", len(it.ID), ns.MaxIDBytes)
 			}
-			return invalid(fmt.Sprintf("items[%d].id", i), "%d bytes exceed the namespace %q limit of %d", len(it.ID), ns.Name, ns.MaxIDBytes)
+			return invalidItem(i, "id", "%d bytes exceed the namespace %q limit of %d", len(it.ID), ns.Name, ns.MaxIDBytes)
 		}
 		if len(it.Digest) > MaxDigestBytes {
-			return invalid(fmt.Sprintf("items[%d].digest", i), "%d bytes exceed %d", len(it.Digest), MaxDigestBytes)
+			return invalidItem(i, "digest", "%d bytes exceed %d", len(it.Digest), MaxDigestBytes)
 		}
 		if len(it.Token) > MaxTokenBytes {
-			return invalid(fmt.Sprintf("items[%d].request_token", i), "%d bytes exceed %d", len(it.Token), MaxTokenBytes)
+			return invalidItem(i, "request_token", "%d bytes exceed %d", len(it.Token), MaxTokenBytes)
 		}
 		switch op.Kind {
 		case OpCommit, OpRenew, OpRelease:
 			if it.Fence == 0 {
-				return invalid(fmt.Sprintf("items[%d].fencing_token", i), "required (the token Claim returned)")
+				return invalidItem(i, "fencing_token", "required (the token Claim returned)")
 			}
 		}
 	}

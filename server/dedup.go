@@ -108,7 +108,7 @@ func checkRequestToken(tok []byte) error {
 func renameIDField(err error) error {
 	var inv *fsm.InvalidError
 	if errors.As(err, &inv) && strings.HasPrefix(inv.Field, "items[") && strings.HasSuffix(inv.Field, "].id") {
-		return &fsm.InvalidError{Field: "ids" + strings.TrimSuffix(strings.TrimPrefix(inv.Field, "items"), ".id"), Reason: inv.Reason}
+		return &fsm.InvalidError{Field: "ids" + strings.TrimSuffix(strings.TrimPrefix(inv.Field, "items"), ".id"), Reason: inv.Reason, Item: inv.Item}
 	}
 	return err
 }
@@ -387,13 +387,18 @@ func (s *Server) validateCheck(req *dedupv1.CheckRequest, ns *fsm.NamespaceConfi
 	}
 	for i, id := range req.Ids {
 		if len(id) == 0 {
-			return invalidf(fmt.Sprintf("ids[%d]", i), "empty message ID")
+			return invalidID(i, "empty message ID")
 		}
 		if len(id) > limit {
-			return invalidf(fmt.Sprintf("ids[%d]", i), "%d bytes exceed the namespace %q limit of %d", len(id), name, limit)
+			return invalidID(i, fmt.Sprintf("%d bytes exceed the namespace %q limit of %d", len(id), name, limit))
 		}
 	}
 	return nil
+}
+
+// invalidID rejects ids[i] of a Check.
+func invalidID(i int, reason string) error {
+	return &fsm.InvalidError{Field: fmt.Sprintf("ids[%d]", i), Reason: reason, Item: i + 1}
 }
 
 func recordPB(r fsm.Record) *dedupv1.Record {

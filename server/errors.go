@@ -110,10 +110,15 @@ func statusOf(err error, read bool) error {
 				info.Metadata[dedupv1.MetaNamespace] = nse.Name
 			}
 			var inv *fsm.InvalidError
-			if errors.As(err, &inv) && inv.MaxMs > 0 {
-				info.Metadata[dedupv1.MetaMaxMs] = strconv.FormatInt(inv.MaxMs, 10)
-				if inv.Namespace != "" {
-					info.Metadata[dedupv1.MetaNamespace] = inv.Namespace
+			if errors.As(err, &inv) {
+				if inv.MaxMs > 0 {
+					info.Metadata[dedupv1.MetaMaxMs] = strconv.FormatInt(inv.MaxMs, 10)
+					if inv.Namespace != "" {
+						info.Metadata[dedupv1.MetaNamespace] = inv.Namespace
+					}
+				}
+				if inv.Item > 0 {
+					info.Metadata[dedupv1.MetaItem] = strconv.Itoa(inv.Item)
 				}
 			}
 			var low *diskspace.LowSpaceError

@@ -227,6 +227,43 @@ func (f *clientFlags) call(ctx context.Context, cmd *cobra.Command, fn func(ctx 
 // gRPC's wrapping) and a hint saying what to do. It reads the client's
 // typed error, never the text.
 func explain(err error, f *clientFlags, namespace string) error {
+	return explainIn(err, f, namespace, &progress{})
+}
+
+// progress says where a failed request stands in a command's input that
+// earlier requests answered in part (batches of IDs), so that an error
+// saying nothing was applied says of what. Its zero value: no earlier
+// request, nothing of the input was applied.
+type progress struct {
+	// applied names what the earlier requests applied: "lines 1-1000
+	// (1000 IDs) applied"; "" if there were none.
+	applied string
+	// this names the failed request's part: "the batch of lines
+	// 1001-2000"; resume where to send the input again from: "line 1001".
+	this, resume string
+	// read: the command writes nothing (its requests are answered, not
+	// applied).
+	read bool
+	// used is set by explainIn when its message said what was applied.
+	used bool
+}
+
+// nothing is the error of a request that what was how ("request",
+// "rejected") with nothing of it applied, msg saying why.
+func (p *progress) nothing(what, how, msg string) error {
+	p.used = true
+	if p.applied == "" {
+		return fmt.Errorf("%s %s, nothing applied: %s", what, how, msg)
+	}
+	done := "applied"
+	if p.read {
+		done = "answered"
+	}
+	return fmt.Errorf("%s; %s; %s %s, nothing of it %s", msg, p.applied, p.this, how, done)
+}
+
+// explainIn is explain for a request at p in the command's input.
+func explainIn(err error, f *clientFlags, namespace string, p *progress) error {
 	if err == nil {
 		return nil
 	}
@@ -302,11 +339,11 @@ func explain(err error, f *clientFlags, namespace string) error {
 		return &opError{err: fmt.Errorf("%s; nothing changed", msg),
 			hint: "start the node and let it catch up (see 'dedupnode members' and 'dedupnode status --addr NODE'), or pass --force to promote it anyway"}
 	case client.ErrInvalidArgument:
-		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "fix the input and retry"}
+		return &opError{err: p.nothing("request", "rejected", msg), hint: "fix the input and retry"}
 	case client.ErrTooLarge:
-		return &opError{err: fmt.Errorf("request rejected, nothing applied: %s", msg), hint: "send fewer IDs per request (--batch)"}
+		return &opError{err: p.nothing("request", "rejected", msg), hint: "send fewer IDs per request (--batch)"}
 	case client.ErrDiskFull:
-		return &opError{err: fmt.Errorf("write refused, nothing applied: %s", msg),
+		return &opError{err: p.nothing("write", "refused", msg),
 			hint: "free space on the leader's data volume (or grow it, or let expiry drop old IDs); writes resume by themselves, reads still work"}
 	case client.ErrNamespaceExists:
 		return &opError{err: errors.New(msg), hint: "use 'update' to change it, or pick another name"}

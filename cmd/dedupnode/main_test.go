@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -228,8 +229,14 @@ func TestDurations(t *testing.T) {
 
 func TestBatchesReadStdinInOrder(t *testing.T) {
 	var got [][]string
-	err := batches([]string{"a", "-", "z"}, strings.NewReader("b\r\n\nc\nd\n"), 2, func(b []string) error {
-		got = append(got, append([]string(nil), b...))
+	var spans []string
+	err := batches([]string{"a", "-", "z"}, strings.NewReader("b\r\n\nc\nd\n"), 2, func(b batch) error {
+		got = append(got, append([]string(nil), b.entries...))
+		s := b.span()
+		if b.sent > 0 {
+			s = fmt.Sprintf("%s after %d: %s", s, b.sent, b.sentSpan())
+		}
+		spans = append(spans, s)
 		return nil
 	})
 	if err != nil {
@@ -244,7 +251,12 @@ func TestBatchesReadStdinInOrder(t *testing.T) {
 			t.Fatalf("batches = %q, want %q", got, want)
 		}
 	}
-	if err := batches([]string{"-", "-"}, strings.NewReader(""), 2, func([]string) error { return nil }); err == nil {
+	// Lines count as in the input, the skipped empty line 2 included.
+	wantSpans := []string{"argument 1 to line 1", "lines 3-4 after 2: argument 1 to line 1", "argument 3 after 4: argument 1 to line 4"}
+	if strings.Join(spans, "|") != strings.Join(wantSpans, "|") {
+		t.Fatalf("spans = %q, want %q", spans, wantSpans)
+	}
+	if err := batches([]string{"-", "-"}, strings.NewReader(""), 2, func(batch) error { return nil }); err == nil {
 		t.Fatal(`"-" twice must be refused`)
 	}
 }

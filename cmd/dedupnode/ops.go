@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -37,6 +39,9 @@ type op struct {
 	example string
 	// flags says which optional flags the command takes.
 	ttl, lease, consistency, fencing, digest bool
+	// read: the command writes nothing (its batches are answered, not
+	// applied).
+	read bool
 	// run sends one batch of entries (IDs, or ID=TOKEN for lease commands).
 	run func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error)
 }
@@ -87,7 +92,7 @@ through the leader like linearizable (docs/REGIONS.md).`,
   dedupnode check --consistency stale order-1
   dedupnode check --addr 127.0.0.1:7073 --consistency bounded --max-staleness 5s order-1
   dedupnode check --output json order-1`,
-			consistency: true,
+			consistency: true, read: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
 				cons, err := client.ParseConsistency(f.consistency)
 				if err != nil {
@@ -299,15 +304,15 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	defer c.Close()
 	out := bufio.NewWriter(e.stdout)
 	defer out.Flush()
-	return batches(args, e.stdin, f.batch, func(entries []string) error {
+	return batches(args, e.stdin, f.batch, func(b batch) error {
 		ctx, cancel := f.withTimeout(e.ctx)
 		defer cancel()
-		res, ids, err := o.run(ctx, c, f, entries)
+		res, ids, err := o.run(ctx, c, f, b.entries)
 		if err != nil {
 			if te := ttlError(err, cmd); te != nil {
 				return te
 			}
-			return explain(err, &f.clientFlags, f.namespace)
+			return explainBatch(err, &f.clientFlags, f.namespace, b, o.read)
 		}
 		f.answered.Store(true)
 		for i, r := range res {
@@ -319,23 +324,78 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	})
 }
 
+// source is where an entry (an ID, or ID=TOKEN) came from: line Line of
+// standard input, or, when Line is 0, the Arg-th argument after the flags.
+type source struct{ arg, line int }
+
+func (s source) String() string {
+	if s.line > 0 {
+		return "line " + strconv.Itoa(s.line)
+	}
+	return "argument " + strconv.Itoa(s.arg)
+}
+
+// span names the entries from a to b in the input: "line 7", "lines
+// 1-1000", "arguments 1-3", "argument 2 to line 998".
+func span(a, b source) string {
+	switch {
+	case a == b:
+		return a.String()
+	case a.line > 0 && b.line > 0:
+		return fmt.Sprintf("lines %d-%d", a.line, b.line)
+	case a.line == 0 && b.line == 0:
+		return fmt.Sprintf("arguments %d-%d", a.arg, b.arg)
+	}
+	return a.String() + " to " + b.String()
+}
+
+// batch is one request's worth of entries and where in the input they and
+// the entries before them came from.
+type batch struct {
+	entries []string
+	from    []source // from[i]: where entries[i] came from
+	// sent is how many entries earlier batches carried, all answered;
+	// first and prev are where the first and the last of them came from.
+	sent        int
+	first, prev source
+}
+
+// span names the batch's entries in the input.
+func (b batch) span() string { return span(b.from[0], b.from[len(b.from)-1]) }
+
+// sentSpan names the entries of the earlier batches: "lines 1-1000".
+func (b batch) sentSpan() string { return span(b.first, b.prev) }
+
 // batches calls fn with the entries of args in order, at most n at a time;
-// an argument "-" stands for the lines of stdin (empty lines skipped).
-func batches(args []string, stdin io.Reader, n int, fn func([]string) error) error {
-	buf := make([]string, 0, min(n, 4096))
-	add := func(s string) error {
-		buf = append(buf, s)
-		if len(buf) < n {
+// an argument "-" stands for the lines of stdin (empty lines skipped). Each
+// batch says where its entries came from, so that an error can name the
+// input line rather than the position in the request.
+func batches(args []string, stdin io.Reader, n int, fn func(batch) error) error {
+	b := batch{entries: make([]string, 0, min(n, 4096)), from: make([]source, 0, min(n, 4096))}
+	flush := func() error {
+		if err := fn(b); err != nil {
+			return err
+		}
+		if b.sent == 0 {
+			b.first = b.from[0]
+		}
+		b.sent += len(b.entries)
+		b.prev = b.from[len(b.from)-1]
+		b.entries, b.from = b.entries[:0], b.from[:0]
+		return nil
+	}
+	add := func(s string, from source) error {
+		b.entries = append(b.entries, s)
+		b.from = append(b.from, from)
+		if len(b.entries) < n {
 			return nil
 		}
-		err := fn(buf)
-		buf = buf[:0]
-		return err
+		return flush()
 	}
 	readStdin := false
-	for _, a := range args {
+	for i, a := range args {
 		if a != "-" {
-			if err := add(a); err != nil {
+			if err := add(a, source{arg: i + 1}); err != nil {
 				return err
 			}
 			continue
@@ -346,12 +406,12 @@ func batches(args []string, stdin io.Reader, n int, fn func([]string) error) err
 		readStdin = true
 		sc := bufio.NewScanner(stdin)
 		sc.Buffer(make([]byte, 64*1024), 1<<20)
-		for sc.Scan() {
-			line := strings.TrimRight(sc.Text(), "\r")
-			if line == "" {
+		for line := 1; sc.Scan(); line++ {
+			text := strings.TrimRight(sc.Text(), "\r")
+			if text == "" {
 				continue
 			}
-			if err := add(line); err != nil {
+			if err := add(text, source{arg: i + 1, line: line}); err != nil {
 				return err
 			}
 		}
@@ -359,11 +419,87 @@ func batches(args []string, stdin io.Reader, n int, fn func([]string) error) err
 			return fmt.Errorf("reading IDs from standard input: %w", err)
 		}
 	}
-	if len(buf) > 0 {
-		return fn(buf)
+	if len(b.entries) > 0 {
+		return fn(b)
 	}
 	return nil
 }
+
+// explainBatch is explain for a batch of a per-ID command. An error about
+// one entry names its input line or argument and the entry, never its
+// position in the request (the typed client.Error.Item, or the entry a
+// usage error is about); after earlier batches, the error says which lines
+// they applied (or answered, for read) and where to send the input again
+// from.
+func explainBatch(err error, f *clientFlags, namespace string, b batch, read bool) error {
+	p := &progress{this: "the batch of " + b.span(), resume: b.from[0].String(), read: read}
+	if b.sent > 0 {
+		done := "applied"
+		if read {
+			done = "answered"
+		}
+		p.applied = fmt.Sprintf("%s (%d IDs) %s", b.sentSpan(), b.sent, done)
+	}
+	var be *badEntryError
+	if errors.As(err, &be) && be.i < len(b.entries) {
+		// A malformed entry (ID=TOKEN): found before its batch was sent.
+		what := fmt.Sprintf("%s (%s): %v", b.from[be.i], quoteEntry(b.entries[be.i]), be.err)
+		if b.sent == 0 {
+			return usagef("%s", what)
+		}
+		return &opError{err: fmt.Errorf("%s; %s; %s not sent", what, p.applied, p.this),
+			hint: fmt.Sprintf("fix %s, then send the input again from %s on (the IDs before it were answered above)", b.from[be.i], p.resume)}
+	}
+	e := client.AsError(err)
+	if e != nil && e.Kind == client.ErrInvalidArgument && e.Item > 0 && e.Item <= len(b.entries) {
+		i := e.Item - 1
+		// e.Field is the item's field in the request ("items[7].id", or
+		// "ids[7]" for a list of IDs): keep the part after the item.
+		field := strings.TrimPrefix(strings.TrimPrefix(e.Field, fmt.Sprintf("items[%d]", i)), fmt.Sprintf("ids[%d]", i))
+		field = cmp.Or(strings.TrimPrefix(field, "."), "id")
+		msg := fmt.Sprintf("%s (%s), %s: %s", b.from[i], quoteEntry(b.entries[i]), field, cmp.Or(e.Violation, e.Message))
+		hint := fmt.Sprintf("fix %s and retry", b.from[i])
+		if b.sent > 0 {
+			hint = fmt.Sprintf("fix %s, then send the input again from %s on (the IDs before it were answered above)", b.from[i], p.resume)
+		}
+		return &opError{err: p.nothing("request", "rejected", msg), hint: hint}
+	}
+	explained := explainIn(err, f, namespace, p)
+	var oe *opError
+	if b.sent == 0 || !errors.As(explained, &oe) {
+		return explained
+	}
+	if !p.used {
+		oe.err = fmt.Errorf("%w; %s before %s failed", oe.err, p.applied, p.this)
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+	case errors.Is(err, client.ErrOutcomeUnknown):
+		oe.hint = fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), send the input again from %s on: the IDs of the failed batch it applied then answer duplicate",
+			strings.Join(f.addrs, ","), p.resume)
+	default:
+		oe.hint += fmt.Sprintf("; then send the input again from %s on (the IDs before it were answered above)", p.resume)
+	}
+	return oe
+}
+
+// quoteEntry quotes an entry of the input for an error message, cut to 40
+// bytes.
+func quoteEntry(s string) string {
+	if len(s) > 40 {
+		return strconv.Quote(s[:40]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// badEntryError is a usage error about entries[i] of a batch.
+type badEntryError struct {
+	i   int
+	err error
+}
+
+func (e *badEntryError) Error() string { return e.err.Error() }
+func (e *badEntryError) Unwrap() error { return &usageError{e.err} }
 
 func bytesOf(ids []string) [][]byte {
 	out := make([][]byte, len(ids))
@@ -401,14 +537,14 @@ func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
 		}
 		k := strings.LastIndexByte(e, '=')
 		if k < 0 {
-			return nil, nil, usagef("%q has no fencing token: give ID=TOKEN with the token claim printed, or --fencing-token N", e)
+			return nil, nil, &badEntryError{i, errors.New("no fencing token: give ID=TOKEN with the token claim printed, or --fencing-token N")}
 		}
 		tok, err := strconv.ParseUint(e[k+1:], 10, 64)
 		if err != nil || tok == 0 {
-			return nil, nil, usagef("%q: fencing token %q is not a positive integer", e, e[k+1:])
+			return nil, nil, &badEntryError{i, fmt.Errorf("fencing token %q is not a positive integer", e[k+1:])}
 		}
 		if k == 0 {
-			return nil, nil, usagef("%q has an empty ID: give ID=TOKEN", e)
+			return nil, nil, &badEntryError{i, errors.New("empty ID: give ID=TOKEN")}
 		}
 		leases[i] = client.Lease{ID: []byte(e[:k]), FencingToken: tok}
 		ids[i] = e[:k]

@@ -69,6 +69,10 @@ const (
 	// MetaMaxMs is the upper limit, in milliseconds, of a TTL or lease
 	// that was out of range (INVALID_ARGUMENT on ttl_ms or lease_ms).
 	MetaMaxMs = "max_ms"
+	// MetaItem is the position, counting from 1, of the request item an
+	// INVALID_ARGUMENT is about (the BadRequest field "items[2].id" or
+	// "ids[2]" has item 3); absent when it is about no single item.
+	MetaItem = "item"
 	// MetaPath, MetaFreeBytes and MetaMinFreeBytes: the data directory
 	// that is short of space, its free bytes and the threshold (DISK_FULL).
 	MetaPath         = "path"
