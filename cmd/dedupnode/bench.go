@@ -66,6 +66,9 @@ func newBenchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := cf.resolve(cmd.Context()); err != nil {
+				return err
+			}
 			cfg.Addrs, cfg.Timeout, cfg.ClientOptions = cf.addrs, cf.timeout, conn
 			if len(args) == 1 {
 				if cmd.Flags().Changed("workload") && args[0] != cfg.Workload {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,10 @@ type clientFlags struct {
 	token   string
 	region  string
 
+	// unresolved are the --addr entries whose host name did not resolve
+	// while others did (resolve).
+	unresolved []string
+
 	// State of the CLI's retry policy (see retryIf).
 	answered     atomic.Bool  // some node answered: refusals are outages, not typos
 	refusedSince atomic.Int64 // Unix ns of the first refused connection, 0 if none
@@ -45,9 +50,11 @@ const refusedGrace = 3 * time.Second
 // stops on errors waiting does not heal: TLS mismatches, bad tokens, wrong
 // ports): refused connections are retried only for refusedGrace unless a
 // node has answered before (then the cluster is failing over and retries
-// run until --timeout).
+// run until --timeout). An address whose host name did not resolve
+// (f.unresolved) counts as refusing.
 func (f *clientFlags) retryIf(err error) bool {
-	if !errors.Is(err, client.ErrRefused) {
+	refused := errors.Is(err, client.ErrRefused) || slices.Contains(f.unresolved, client.AsError(err).Addr)
+	if !refused {
 		if e := client.AsError(err); e.Reason != "" {
 			f.answered.Store(true) // a node's own error: the cluster is there
 		}
@@ -186,6 +193,9 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if err != nil {
 		return nil, err
 	}
+	if err := f.resolve(ctx); err != nil {
+		return nil, err
+	}
 	opts := append([]client.Option{
 		client.WithTimeout(min(f.timeout, 10*time.Second)),
 		client.WithRetry(1000, 50*time.Millisecond, time.Second),
@@ -199,6 +209,41 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 		f.answered.Store(true)
 	}
 	return c, err
+}
+
+// resolve looks up the host names of --addr before anything is dialled.
+// gRPC reports a name that does not resolve only in the text of an
+// UNAVAILABLE status ("produced zero addresses"), retried until --timeout
+// like a node that is down. When no entry of --addr resolves, resolve
+// fails at once naming them; entries that do not resolve among others
+// that do are kept in f.unresolved, for explain to mention.
+func (f *clientFlags) resolve(ctx context.Context) error {
+	d := 5 * time.Second
+	if f.timeout > 0 {
+		d = min(f.timeout, d)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var bad []string
+	var why error
+	for _, a := range f.addrs {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil || host == "" || net.ParseIP(host) != nil {
+			continue // an IP address, or gRPC's to judge
+		}
+		if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return ctx.Err() // interrupted
+			}
+			bad, why = append(bad, a), err
+		}
+	}
+	f.unresolved = bad
+	if len(bad) == 0 || len(bad) < len(f.addrs) {
+		return nil
+	}
+	return &opError{err: fmt.Errorf("the host name of %s could not be resolved (%v)", strings.Join(bad, ", "), why),
+		hint: fmt.Sprintf("check the host names in --addr (or DEDUPNODE_ADDR): each must be the HOST:PORT of a node's gRPC port, e.g. --addr %s", defaultAddr)}
 }
 
 // withTimeout bounds one request with its retries.
@@ -264,6 +309,19 @@ func (p *progress) nothing(what, how, msg string) error {
 
 // explainIn is explain for a request at p in the command's input.
 func explainIn(err error, f *clientFlags, namespace string, p *progress) error {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return err // explained already
+	}
+	explained := explainErr(err, f, namespace, p)
+	if len(f.unresolved) > 0 && errors.As(explained, &oe) &&
+		(errors.Is(err, client.ErrRefused) || errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrNotLeader) || errors.Is(err, context.DeadlineExceeded)) {
+		oe.hint = fmt.Sprintf("the host name of %s could not be resolved: check --addr; ", strings.Join(f.unresolved, ", ")) + oe.hint
+	}
+	return explained
+}
+
+func explainErr(err error, f *clientFlags, namespace string, p *progress) error {
 	if err == nil {
 		return nil
 	}

@@ -89,6 +89,9 @@ func newDemoCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := cf.resolve(e.ctx); err != nil {
+					return err
+				}
 				cfg.Addrs, cfg.ClientOptions = cf.addrs, conn
 				if cfg.KillLeaderEvery > 0 {
 					return usagef("--kill-leader-every needs the local cluster: it cannot kill nodes of the cluster at --addr")

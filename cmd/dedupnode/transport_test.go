@@ -223,3 +223,40 @@ func TestWebhookProxySharesConnectionFlags(t *testing.T) {
 		t.Fatalf("closed address: exit %d, stderr %q", code, errs)
 	}
 }
+
+// An --addr whose host name does not resolve is named as such at once,
+// not as a cluster without a majority after --timeout (gRPC reports the
+// failed lookup only as text). Among addresses that resolve it is no
+// error: one reachable node is enough, and a failure mentions it.
+func TestUnresolvableHostIsNamed(t *testing.T) {
+	const bad = "nosuchhost.invalid:7000" // .invalid never resolves (RFC 2606)
+	for _, args := range [][]string{
+		{"mark", "--addr", bad, "--timeout", "60s", "x"},
+		{"status", "--addr", bad + ",other.invalid:7001", "--timeout", "60s"},
+	} {
+		code, out, errs := runCLI(t, context.Background(), "", args...)
+		if code != exitError || out != "" {
+			t.Fatalf("%s: exit %d, stdout %q, stderr %q", args[0], code, out, errs)
+		}
+		assertOneLine(t, errs)
+		for _, want := range []string{"the host name of " + bad, "could not be resolved", "check the host names in --addr"} {
+			if !strings.Contains(errs, want) {
+				t.Errorf("%s: stderr %q lacks %q", args[0], errs, want)
+			}
+		}
+		if strings.Contains(errs, "majority") {
+			t.Errorf("%s: stderr %q blames the cluster's majority", args[0], errs)
+		}
+	}
+
+	srvs, _ := testcluster.Start(t, 1, nil)
+	code, out, errs := runCLI(t, context.Background(), "", "mark", "--addr", bad+","+srvs[0].GRPCAddr(), "x")
+	if code != exitOK || !strings.HasPrefix(out, "x\tnew") {
+		t.Fatalf("with a reachable node besides: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, _, errs = runCLI(t, context.Background(), "", "mark", "--addr", bad+","+closedAddr(t), "--timeout", "60s", "x")
+	if code != exitError || !strings.Contains(errs, "the host name of "+bad+" could not be resolved: check --addr") {
+		t.Fatalf("with a stopped node besides: exit %d, stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
+}
