@@ -121,3 +121,27 @@ func TestWanSim_BadFlagsAreUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// The --raft-timing help names the flags that override its values: help
+// lists flags sorted by name, so "the flags below" pointed at the wrong
+// ones.
+func TestRaftTimingHelpNamesItsOverrides(t *testing.T) {
+	code, out, errs := runCLI(t, context.Background(), "", "serve", "--help")
+	if code != exitOK {
+		t.Fatalf("serve --help: exit %d: %s", code, errs)
+	}
+	var usage string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "--raft-timing PRESET") {
+			usage = l
+		}
+	}
+	if usage == "" || strings.Contains(usage, "below") || strings.Contains(usage, "above") {
+		t.Fatalf("--raft-timing help %q: want it without a position", usage)
+	}
+	for _, name := range []string{"raft-heartbeat-timeout", "raft-election-timeout", "raft-leader-lease-timeout", "raft-commit-timeout"} {
+		if !strings.Contains(usage, "--"+name) {
+			t.Errorf("--raft-timing help %q does not name --%s", usage, name)
+		}
+	}
+}
