@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
@@ -191,5 +192,42 @@ func TestWebhookProxyCommand(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("webhook-proxy did not stop")
+	}
+}
+
+// Help names every broker the demo runs, and does not call RabbitMQ
+// embedded: the demo starts the machine's rabbitmq-server.
+func TestDemoHelpNamesEveryBroker(t *testing.T) {
+	code, top, _ := runCLI(t, context.Background(), "", "--help")
+	if code != exitOK {
+		t.Fatalf("--help: exit %d", code)
+	}
+	var line string
+	for _, l := range strings.Split(top, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "demo ") {
+			line = l
+		}
+	}
+	for _, b := range []string{"NATS", "Kafka", "RabbitMQ"} {
+		if !strings.Contains(line, b) {
+			t.Errorf("--help lists the demo as %q, without %s", line, b)
+		}
+	}
+	code, help, _ := runCLI(t, context.Background(), "", "demo", "--help")
+	if code != exitOK {
+		t.Fatalf("demo --help: exit %d", code)
+	}
+	for _, l := range strings.Split(help, "\n") {
+		if strings.Contains(l, "--broker BROKER") {
+			line = l
+		}
+	}
+	for _, b := range demo.Brokers {
+		if !strings.Contains(line, b) {
+			t.Errorf("--broker help %q lacks %s", line, b)
+		}
+	}
+	if !strings.Contains(line, "rabbitmq (the machine's rabbitmq-server") || strings.Contains(line, "embedded in this process: ") {
+		t.Errorf("--broker help %q: RabbitMQ is the machine's rabbitmq-server, not embedded", line)
 	}
 }

@@ -21,19 +21,20 @@ more times.
 
 It starts a local 3-node dedupnode cluster in this process (or uses --addr)
 and a broker (--broker: NATS JetStream embedded, the default; Kafka through
-an in-process Kafka cluster; or RabbitMQ, a rabbitmq-server of the machine's
-started for the run on loopback ports and stopped at the end — on Debian or
-Ubuntu: apt-get install rabbitmq-server), then publishes --messages events
-(account, amount) with realistic duplicates: about 5% are published again
-1-3 s later (a producer retrying after a lost publish ack) and an older 5%
-range is replayed once 60% are out. Several consumer processes handle them
-through client.Process (claim → apply → commit), each applying its event to
-a ledger of account balances in Pebble. Consumers really crash mid-message
-(their connections drop, every message they hold is abandoned) and stall past
-JetStream's AckWait, so the broker really redelivers (on Kafka a crashed
-consumer's partitions go to another consumer from the last committed offset;
-RabbitMQ's consumer_timeout is set to --ack-wait, so a stall makes the broker
-close the consumer's channel and redeliver what it held).
+an in-process Kafka cluster; or RabbitMQ: not embedded, the machine's own
+rabbitmq-server, started for the run on loopback ports and stopped at the
+end — on Debian or Ubuntu: apt-get install rabbitmq-server), then publishes
+--messages events (account, amount) with realistic duplicates: about 5% are
+published again 1-3 s later (a producer retrying after a lost publish ack)
+and an older 5% range is replayed once 60% are out. Several consumer
+processes handle them through client.Process (claim → apply → commit), each
+applying its event to a ledger of account balances in Pebble. Consumers
+really crash mid-message (their connections drop, every message they hold is
+abandoned) and stall past JetStream's AckWait, so the broker really
+redelivers (on Kafka a crashed consumer's partitions go to another consumer
+from the last committed offset; RabbitMQ's consumer_timeout is set to
+--ack-wait, so a stall makes the broker close the consumer's channel and
+redeliver what it held).
 
 The summary checks that effects applied == unique event IDs, that the ledger
 total (and every account) equals the expected total, and that no event ran
@@ -56,11 +57,12 @@ func newDemoCmd(e *env) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "demo [--broker nats|kafka|rabbitmq] [--messages N] [--consumers N] [--kill-leader-every DURATION] [--addr HOST:PORT,...] [--output json]",
-		Short: "Run consumers of a real broker (NATS JetStream, Kafka) through dedupnode and check every effect happened once",
+		Short: "Run consumers of a real broker (NATS JetStream, Kafka, RabbitMQ) through dedupnode and check every effect happened once",
 		Long:  demoLong,
 		Example: strings.ReplaceAll(`  dedupnode demo
   dedupnode demo --messages 20000 --kill-leader-every 5s
   dedupnode demo --broker kafka --kill-leader-every 5s
+  dedupnode demo --broker rabbitmq          # needs rabbitmq-server installed
   dedupnode demo --output json | jq .ok`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
@@ -150,7 +152,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	addr.Usage = "use the running cluster at `HOST:PORT`[,...] instead of starting one (its namespaces need not auto-create: the demo creates its own); then --tls-*, --token and their DEDUPNODE_* variables apply"
 	addr.DefValue = "[]"
 	fs := cmd.Flags()
-	fs.StringVar(&cfg.Broker, "broker", "nats", "`BROKER` the events go through, embedded in this process: "+strings.Join(demo.Brokers, ", "))
+	fs.StringVar(&cfg.Broker, "broker", "nats", "`BROKER` the events go through: nats (NATS JetStream, embedded in this process), kafka (an in-process Kafka cluster) or rabbitmq (the machine's rabbitmq-server, started for the run)")
 	fs.IntVar(&cfg.Messages, "messages", 100_000, "unique events to publish (`N`)")
 	fs.IntVar(&cfg.Consumers, "consumers", 4, "`N` consumer processes, each with its own broker connection and dedupnode client")
 	fs.IntVar(&cfg.Workers, "workers", 64, "messages (`N`) each consumer handles at once")
