@@ -63,8 +63,9 @@ var (
 	// nothing was applied. Split it.
 	ErrTooLarge = errors.New("request too large")
 	// ErrDiskFull: the leader's data directory has less free space than its
-	// --min-free-disk, so it refuses writes (Error.Message names the path
-	// and the free bytes). Nothing was written; reads still work, and
+	// --min-free-disk, so it refuses writes (gRPC ResourceExhausted with
+	// ErrorInfo reason DISK_FULL; Error.Message names the path and the
+	// free bytes). Nothing was written; reads still work, and
 	// writes are accepted again once space is freed.
 	ErrDiskFull = errors.New("leader's disk is low on space; writes refused")
 	// ErrUnauthenticated: the cluster requires a token and got none, or an

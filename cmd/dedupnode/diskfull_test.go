@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/testcluster"
+)
+
+// What serve --help and the README promise for --min-free-disk is what a
+// client sees: gRPC RESOURCE_EXHAUSTED with reason DISK_FULL, which the Go
+// client decodes as client.ErrDiskFull; reads are still served.
+func TestMinFreeDiskRefusalIsWhatHelpSays(t *testing.T) {
+	code, help, _ := runCLI(t, context.Background(), "", "serve", "--help")
+	if code != exitOK {
+		t.Fatalf("serve --help: exit %d", code)
+	}
+	var usage string
+	for _, l := range strings.Split(help, "\n") {
+		if strings.Contains(l, "--min-free-disk SIZE") {
+			usage = l
+		}
+	}
+	for _, want := range []string{"RESOURCE_EXHAUSTED", "DISK_FULL", "client.ErrDiskFull"} {
+		if !strings.Contains(usage, want) {
+			t.Errorf("--min-free-disk help %q lacks %s", usage, want)
+		}
+	}
+
+	// A node run with a threshold no disk meets refuses every client write.
+	grpcAddr := closedAddr(t)
+	sctx, stop := context.WithCancel(context.Background())
+	done, exited := make(chan int, 1), make(chan struct{})
+	var serveErr syncBuffer
+	go func() {
+		defer close(exited)
+		done <- run(sctx, []string{"serve", "--node-id", "n1", "--data-dir", t.TempDir(), "--bootstrap",
+			"--grpc-addr", grpcAddr, "--raft-addr", closedAddr(t), "--min-free-disk", "1000000GiB"}, strings.NewReader(""), io.Discard, &serveErr)
+	}()
+	t.Cleanup(func() {
+		stop()
+		if code := <-done; code != exitOK {
+			t.Errorf("serve exited %d: %s", code, serveErr.String())
+		}
+	})
+	c := testcluster.Client(t, []string{grpcAddr})
+	testcluster.WaitFor(t, 60*time.Second, "a write refused for disk space", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("serve exited: %s", serveErr.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := c.Mark(ctx, "", []client.Item{{ID: []byte("x")}}, 0)
+		if err == nil {
+			t.Fatal("mark accepted below --min-free-disk")
+		}
+		return errors.Is(err, client.ErrDiskFull)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := c.Mark(ctx, "", []client.Item{{ID: []byte("x")}}, 0)
+	if e := client.AsError(err); !errors.Is(err, client.ErrDiskFull) || status.Code(err) != codes.ResourceExhausted || e.Reason != "DISK_FULL" {
+		t.Fatalf("mark below --min-free-disk: %v, want client.ErrDiskFull, RESOURCE_EXHAUSTED, reason DISK_FULL", err)
+	}
+	if _, err := c.Check(ctx, "", [][]byte{[]byte("x")}, client.Linearizable); err != nil {
+		t.Fatalf("check below --min-free-disk: %v, want it served", err)
+	}
+	code, _, errs := runCLI(t, context.Background(), "", "mark", "--addr", grpcAddr, "--timeout", "2s", "x")
+	if code != exitError || !strings.Contains(errs, "write refused, nothing applied") || !strings.Contains(errs, "free space") {
+		t.Fatalf("CLI mark below --min-free-disk: exit %d, stderr %q", code, errs)
+	}
+}
