@@ -12,6 +12,7 @@ import (
 	"time"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/internal/grpccodec"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -145,7 +146,7 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(l.dial),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes), grpc.ForceCodecV2(grpccodec.Codec{})),
 	}, c.opts.dialOpts...)
 	cc, err := grpc.NewClient(addr, dial...)
 	if err != nil {

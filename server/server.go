@@ -25,6 +25,7 @@ import (
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/internal/grpccodec"
 	"github.com/dedupnode/dedupnode/metrics"
 )
 
@@ -202,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.callChain = chainUnary(calls)
 	s.initHandlers()
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(recv), grpc.MaxSendMsgSize(send),
+		grpc.ForceServerCodecV2(grpccodec.Codec{}),
 		grpc.ChainUnaryInterceptor(calls...),
 		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
@@ -328,7 +330,7 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 	send := maxSendBytes(s.cfg.MaxBatch, s.node.MaxEntryBytes())
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(send), grpc.MaxCallSendMsgSize(send)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(send), grpc.MaxCallSendMsgSize(send), grpc.ForceCodecV2(grpccodec.Codec{})),
 	}, s.cfg.DialOptions...)
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
