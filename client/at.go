@@ -105,3 +105,12 @@ func (b *batchRecords) of(i int, r *dedupv1.Record) *Record {
 	b.all[i] = rec
 	return &b.all[i]
 }
+
+// set stores rec as item i's record and returns it.
+func (b *batchRecords) set(i int, rec Record) *Record {
+	if b.all == nil {
+		b.all = make([]Record, b.n)
+	}
+	b.all[i] = rec
+	return &b.all[i]
+}

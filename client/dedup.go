@@ -69,7 +69,7 @@ func (c *Client) CheckBounded(ctx context.Context, namespace string, ids [][]byt
 // check sends a Check routed by consistency (addr ""), or as one attempt
 // on the node at addr.
 func (c *Client) check(ctx context.Context, addr, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
-	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds()}
+	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds(), Compact: true}
 	var resp *dedupv1.CheckResponse
 	err := c.send(ctx, "check", addr, c.readTarget(consistency != Linearizable), func(ctx context.Context, d dedupv1.DedupClient) (err error) {
 		resp, err = d.Check(ctx, req)
@@ -78,8 +78,7 @@ func (c *Client) check(ctx context.Context, addr, namespace string, ids [][]byte
 	if err != nil {
 		return nil, ReadPathUnknown, err
 	}
-	out, err := results("check", resp.GetResults(), func(i int) []byte { return ids[i] }, len(ids),
-		func(r *dedupv1.CheckResult) Code { return checkCode(r.GetCode()) })
+	out, err := checkAnswer(resp, ids)
 	return out, readPathOf(resp.GetReadPath()), err
 }
 
@@ -131,7 +130,7 @@ func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item,
 	if err != nil {
 		return nil, err
 	}
-	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token}
+	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token, Compact: true}
 	pb := make([]dedupv1.MarkItem, len(items)) // one allocation for the batch
 	for i, it := range items {
 		pb[i].Id, pb[i].Digest, pb[i].RequestToken = it.ID, it.Digest, it.RequestToken
@@ -145,8 +144,7 @@ func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item,
 	if err != nil {
 		return nil, err
 	}
-	return results("mark", resp.GetResults(), func(i int) []byte { return items[i].ID }, len(items),
-		func(r *dedupv1.MarkResult) Code { return markCode(r.GetCode()) })
+	return markAnswer(resp, req, items)
 }
 
 // Claim takes a lease on each ID before processing it: CodeAcquired (the

@@ -99,8 +99,15 @@ func (m *Metrics) observeResponse(op string, req, resp any) {
 	counts := buf[:0]
 	switch r := resp.(type) {
 	case *dedupv1.MarkResponse:
+		// A compact answer has a code per item and results for some
+		// items only: count the codes.
+		for _, c := range r.Codes {
+			counts = countCode(counts, dedupv1.MarkResult_Code(c&^dedupv1.CompactInResults))
+		}
 		for _, it := range r.Results {
-			counts = countCode(counts, it.Code)
+			if len(r.Codes) == 0 {
+				counts = countCode(counts, it.Code)
+			}
 			if it.Code == dedupv1.MarkResult_DUPLICATE && it.Record != nil {
 				m.ObserveDuplicate(ns, time.UnixMilli(it.Record.FirstSeenUnixMs))
 			}
@@ -113,6 +120,12 @@ func (m *Metrics) observeResponse(op string, req, resp any) {
 			}
 		}
 	case *dedupv1.CheckResponse:
+		for _, c := range r.Codes {
+			counts = countCode(counts, dedupv1.CheckResult_Code(c))
+		}
+		if len(r.Codes) > 0 {
+			break
+		}
 		for _, it := range r.Results {
 			counts = countCode(counts, it.Code)
 		}

@@ -133,20 +133,9 @@ func (s *Server) Mark(ctx context.Context, req *dedupv1.MarkRequest) (*dedupv1.M
 	if !local {
 		return fwd, nil
 	}
-	resp := &dedupv1.MarkResponse{Results: make([]*dedupv1.MarkResult, len(items))}
-	for i, r := range items {
-		var code dedupv1.MarkResult_Code
-		switch r.Code {
-		case fsm.CodeNew:
-			code = dedupv1.MarkResult_NEW
-		case fsm.CodeDuplicate:
-			code = dedupv1.MarkResult_DUPLICATE
-		case fsm.CodeConflict:
-			code = dedupv1.MarkResult_CONFLICT
-		default:
-			return nil, toStatus(fmt.Errorf("mark: unexpected result %s for item %d", r.Code, i))
-		}
-		resp.Results[i] = &dedupv1.MarkResult{Code: code, Record: recordPB(r.Record)}
+	resp, err := markAnswer(req, items)
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	return resp, nil
 }
@@ -310,9 +299,9 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	if !ok {
 		if s.cfg.AutoCreateNamespaces {
 			// Nothing can be recorded in a namespace that does not exist.
-			resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(req.Ids)), AppliedIndex: applied, ReadPath: path}
-			for i := range resp.Results {
-				resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_NOT_SEEN}
+			resp, err := checkAnswer(req, nil, applied, path)
+			if err != nil {
+				return nil, toStatus(err)
 			}
 			return resp, nil
 		}
@@ -326,16 +315,9 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &dedupv1.CheckResponse{Results: make([]*dedupv1.CheckResult, len(res)), AppliedIndex: applied, ReadPath: path}
-	for i, r := range res {
-		switch r.Code {
-		case fsm.CodeSeen:
-			resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_SEEN, Record: recordPB(r.Record)}
-		case fsm.CodeNotSeen:
-			resp.Results[i] = &dedupv1.CheckResult{Code: dedupv1.CheckResult_NOT_SEEN}
-		default:
-			return nil, toStatus(fmt.Errorf("check: unexpected result %s for item %d", r.Code, i))
-		}
+	resp, err := checkAnswer(req, res, applied, path)
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	return resp, nil
 }

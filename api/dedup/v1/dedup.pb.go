@@ -598,8 +598,12 @@ type CheckRequest struct {
 	Consistency Consistency            `protobuf:"varint,3,opt,name=consistency,proto3,enum=dedup.v1.Consistency" json:"consistency,omitempty"`
 	// BOUNDED only (required there, > 0): the largest staleness accepted.
 	MaxStalenessMs int64 `protobuf:"varint,10,opt,name=max_staleness_ms,json=maxStalenessMs,proto3" json:"max_staleness_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Ask for the compact answer (CheckResponse.codes): a byte per ID instead
+	// of a CheckResult message, which a client decodes without an allocation
+	// per ID. A server that predates it answers with results only.
+	Compact       bool `protobuf:"varint,11,opt,name=compact,proto3" json:"compact,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
@@ -660,6 +664,13 @@ func (x *CheckRequest) GetMaxStalenessMs() int64 {
 	return 0
 }
 
+func (x *CheckRequest) GetCompact() bool {
+	if x != nil {
+		return x.Compact
+	}
+	return false
+}
+
 type CheckResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          CheckResult_Code       `protobuf:"varint,1,opt,name=code,proto3,enum=dedup.v1.CheckResult_Code" json:"code,omitempty"`
@@ -718,7 +729,11 @@ type CheckResponse struct {
 	// Index up to which the answering node had applied the log.
 	AppliedIndex uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// How the answer was reached (LOCAL or READ_INDEX).
-	ReadPath      ReadPath `protobuf:"varint,10,opt,name=read_path,json=readPath,proto3,enum=dedup.v1.ReadPath" json:"read_path,omitempty"`
+	ReadPath ReadPath `protobuf:"varint,10,opt,name=read_path,json=readPath,proto3,enum=dedup.v1.ReadPath" json:"read_path,omitempty"`
+	// Set when the request asked for compact: one byte per ID, in order, its
+	// CheckResult.Code; results then holds only the SEEN IDs' results, in the
+	// order of their IDs.
+	Codes         []byte `protobuf:"bytes,11,opt,name=codes,proto3" json:"codes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -772,6 +787,13 @@ func (x *CheckResponse) GetReadPath() ReadPath {
 		return x.ReadPath
 	}
 	return ReadPath_READ_PATH_UNSPECIFIED
+}
+
+func (x *CheckResponse) GetCodes() []byte {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
 }
 
 type MarkItem struct {
@@ -844,7 +866,10 @@ type MarkRequest struct {
 	// namespace's max TTL.
 	TtlMs int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	// Client-chosen token, 1..64 bytes, the same across retries of one call.
-	RequestToken  []byte `protobuf:"bytes,4,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
+	RequestToken []byte `protobuf:"bytes,4,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
+	// Ask for the compact answer (MarkResponse.codes and new_record). A
+	// server that predates it answers with results only.
+	Compact       bool `protobuf:"varint,11,opt,name=compact,proto3" json:"compact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -907,6 +932,13 @@ func (x *MarkRequest) GetRequestToken() []byte {
 	return nil
 }
 
+func (x *MarkRequest) GetCompact() bool {
+	if x != nil {
+		return x.Compact
+	}
+	return false
+}
+
 type MarkResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          MarkResult_Code        `protobuf:"varint,1,opt,name=code,proto3,enum=dedup.v1.MarkResult_Code" json:"code,omitempty"`
@@ -960,8 +992,15 @@ func (x *MarkResult) GetRecord() *Record {
 }
 
 type MarkResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*MarkResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*MarkResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Set when the request asked for compact: one byte per item, in order,
+	// its MarkResult.Code, plus 128 when its result is in results (which
+	// then holds only those, in item order). An item without it has the
+	// record new_record describes, with its own request token (the item's,
+	// else the request's) and digest: the items this call recorded.
+	Codes         []byte  `protobuf:"bytes,2,opt,name=codes,proto3" json:"codes,omitempty"`
+	NewRecord     *Record `protobuf:"bytes,3,opt,name=new_record,json=newRecord,proto3" json:"new_record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -999,6 +1038,20 @@ func (*MarkResponse) Descriptor() ([]byte, []int) {
 func (x *MarkResponse) GetResults() []*MarkResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *MarkResponse) GetCodes() []byte {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
+}
+
+func (x *MarkResponse) GetNewRecord() *Record {
+	if x != nil {
+		return x.NewRecord
 	}
 	return nil
 }
@@ -3462,34 +3515,37 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\x12#\n" +
 	"\rrequest_token\x18\x04 \x01(\fR\frequestToken\x12\x16\n" +
 	"\x06digest\x18\x05 \x01(\fR\x06digest\x12#\n" +
-	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"\xa1\x01\n" +
+	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"\xbb\x01\n" +
 	"\fCheckRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\fR\x03ids\x127\n" +
 	"\vconsistency\x18\x03 \x01(\x0e2\x15.dedup.v1.ConsistencyR\vconsistency\x12(\n" +
 	"\x10max_staleness_ms\x18\n" +
-	" \x01(\x03R\x0emaxStalenessMs\"\x9d\x01\n" +
+	" \x01(\x03R\x0emaxStalenessMs\x12\x18\n" +
+	"\acompact\x18\v \x01(\bR\acompact\"\x9d\x01\n" +
 	"\vCheckResult\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.dedup.v1.CheckResult.CodeR\x04code\x12(\n" +
 	"\x06record\x18\x02 \x01(\v2\x10.dedup.v1.RecordR\x06record\"4\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\b\n" +
 	"\x04SEEN\x10\x01\x12\f\n" +
-	"\bNOT_SEEN\x10\x02\"\x96\x01\n" +
+	"\bNOT_SEEN\x10\x02\"\xac\x01\n" +
 	"\rCheckResponse\x12/\n" +
 	"\aresults\x18\x01 \x03(\v2\x15.dedup.v1.CheckResultR\aresults\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12/\n" +
 	"\tread_path\x18\n" +
-	" \x01(\x0e2\x12.dedup.v1.ReadPathR\breadPath\"W\n" +
+	" \x01(\x0e2\x12.dedup.v1.ReadPathR\breadPath\x12\x14\n" +
+	"\x05codes\x18\v \x01(\fR\x05codes\"W\n" +
 	"\bMarkItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\fR\x06digest\x12#\n" +
-	"\rrequest_token\x18\x03 \x01(\fR\frequestToken\"\x91\x01\n" +
+	"\rrequest_token\x18\x03 \x01(\fR\frequestToken\"\xab\x01\n" +
 	"\vMarkRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12(\n" +
 	"\x05items\x18\x02 \x03(\v2\x12.dedup.v1.MarkItemR\x05items\x12\x15\n" +
 	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\x12#\n" +
-	"\rrequest_token\x18\x04 \x01(\fR\frequestToken\"\xa9\x01\n" +
+	"\rrequest_token\x18\x04 \x01(\fR\frequestToken\x12\x18\n" +
+	"\acompact\x18\v \x01(\bR\acompact\"\xa9\x01\n" +
 	"\n" +
 	"MarkResult\x12-\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x19.dedup.v1.MarkResult.CodeR\x04code\x12(\n" +
@@ -3498,9 +3554,12 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03NEW\x10\x01\x12\r\n" +
 	"\tDUPLICATE\x10\x02\x12\f\n" +
-	"\bCONFLICT\x10\x03\">\n" +
+	"\bCONFLICT\x10\x03\"\x85\x01\n" +
 	"\fMarkResponse\x12.\n" +
-	"\aresults\x18\x01 \x03(\v2\x14.dedup.v1.MarkResultR\aresults\"X\n" +
+	"\aresults\x18\x01 \x03(\v2\x14.dedup.v1.MarkResultR\aresults\x12\x14\n" +
+	"\x05codes\x18\x02 \x01(\fR\x05codes\x12/\n" +
+	"\n" +
+	"new_record\x18\x03 \x01(\v2\x10.dedup.v1.RecordR\tnewRecord\"X\n" +
 	"\tClaimItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\fR\x06digest\x12#\n" +
@@ -3807,83 +3866,84 @@ var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	5,  // 7: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
 	9,  // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
 	15, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
-	17, // 10: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
-	6,  // 11: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
-	9,  // 12: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
-	19, // 13: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
-	21, // 14: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
-	21, // 15: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
-	21, // 16: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
-	7,  // 17: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
-	9,  // 18: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
-	25, // 19: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
-	8,  // 20: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
-	28, // 21: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
-	10, // 22: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
-	14, // 23: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
-	18, // 24: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
-	22, // 25: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
-	23, // 26: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
-	24, // 27: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
-	27, // 28: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
-	55, // 29: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
-	31, // 30: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
-	12, // 31: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
-	16, // 32: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
-	20, // 33: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
-	26, // 34: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
-	26, // 35: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
-	26, // 36: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
-	29, // 37: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
-	3,  // 38: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
-	33, // 39: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	33, // 40: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	33, // 41: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
-	33, // 42: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
-	43, // 43: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
-	44, // 44: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	46, // 45: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
-	10, // 46: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	14, // 47: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	18, // 48: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	22, // 49: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	23, // 50: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	24, // 51: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	27, // 52: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	30, // 53: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
-	34, // 54: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	35, // 55: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	36, // 56: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	37, // 57: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	38, // 58: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	42, // 59: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	47, // 60: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	49, // 61: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	51, // 62: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	53, // 63: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	12, // 64: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	16, // 65: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	20, // 66: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	26, // 67: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	26, // 68: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	26, // 69: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	29, // 70: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	32, // 71: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
-	39, // 72: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 73: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 74: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	40, // 75: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	41, // 76: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	45, // 77: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	48, // 78: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	50, // 79: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	52, // 80: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	54, // 81: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	64, // [64:82] is the sub-list for method output_type
-	46, // [46:64] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	9,  // 10: dedup.v1.MarkResponse.new_record:type_name -> dedup.v1.Record
+	17, // 11: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
+	6,  // 12: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
+	9,  // 13: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
+	19, // 14: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
+	21, // 15: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
+	21, // 16: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
+	21, // 17: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
+	7,  // 18: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
+	9,  // 19: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
+	25, // 20: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
+	8,  // 21: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
+	28, // 22: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
+	10, // 23: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
+	14, // 24: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
+	18, // 25: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
+	22, // 26: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
+	23, // 27: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
+	24, // 28: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
+	27, // 29: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
+	55, // 30: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	31, // 31: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
+	12, // 32: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
+	16, // 33: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
+	20, // 34: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
+	26, // 35: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
+	26, // 36: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
+	26, // 37: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
+	29, // 38: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
+	3,  // 39: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
+	33, // 40: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	33, // 41: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	33, // 42: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
+	33, // 43: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
+	43, // 44: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
+	44, // 45: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
+	46, // 46: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
+	10, // 47: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	14, // 48: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	18, // 49: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	22, // 50: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	23, // 51: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	24, // 52: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	27, // 53: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	30, // 54: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	34, // 55: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	35, // 56: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	36, // 57: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	37, // 58: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	38, // 59: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	42, // 60: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	47, // 61: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	49, // 62: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	51, // 63: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	53, // 64: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	12, // 65: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	16, // 66: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	20, // 67: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	26, // 68: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	26, // 69: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	26, // 70: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	29, // 71: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	32, // 72: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	39, // 73: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 74: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	39, // 75: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	40, // 76: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	41, // 77: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	45, // 78: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	48, // 79: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	50, // 80: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	52, // 81: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	54, // 82: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	65, // [65:83] is the sub-list for method output_type
+	47, // [47:65] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }

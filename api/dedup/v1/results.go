@@ -16,3 +16,7 @@ const (
 	ResultOK         = "ok"
 	ResultLeaseLost  = "lease_lost"
 )
+
+// CompactInResults is the flag of a compact MarkResponse's code (codes)
+// whose item's result is in results rather than built from new_record.
+const CompactInResults = 0x80
