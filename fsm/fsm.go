@@ -79,6 +79,8 @@ type FSM struct {
 	cfg     Config
 	log     *slog.Logger
 	filters *bloom.Filters
+	// checkScratch pools Check's *batchProbes.
+	checkScratch sync.Pool
 
 	// mu guards everything below. Apply holds it exclusively for a whole
 	// batch, so a reader never sees a half-applied batch; readers hold it
@@ -167,6 +169,7 @@ func New(cfg Config) (*FSM, error) {
 		notify:  make(chan struct{}),
 		applier: &applier{},
 	}
+	f.checkScratch.New = func() any { return new(batchProbes) }
 	f.applier.f = f
 	f.applier.discard()
 	if err := f.open(); err != nil {
