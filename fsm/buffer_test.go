@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -375,4 +376,44 @@ func TestRecordsBeingCommittedStayVisible(t *testing.T) {
 		wantCode(t, "after reopen "+id(i), h.check(t0, id(i)), want)
 	}
 	wantCode(t, "fresh after reopen", h.check(t0, "fresh"), CodeSeen)
+}
+
+// TestCheckOfANamespaceDeletedDuringItsScreen: a Check reads its namespace,
+// then screens its IDs with the Bloom filters without fsm.mu. A namespace
+// deleted in between has no chains left, which rules out every ID, yet no
+// moment had the namespace with those IDs absent: the Check must say the
+// namespace is not found. Deleted and created again in between, the IDs
+// are looked up in the new namespace (absent there).
+func TestCheckOfANamespaceDeletedDuringItsScreen(t *testing.T) {
+	h := newHarness(t)
+	waitReady(t, h.f) // the screen runs only once the filters are ready
+	cfg := FillNamespaceDefaults(NamespaceConfig{Name: "x"})
+	h.apply(t0, Op{Kind: OpCreateNamespace, Config: cfg})
+	h.one(t0, Op{Kind: OpMark, Namespace: "x", Items: []Item{{ID: []byte("q")}, {ID: []byte("r")}}})
+	r, err := h.f.Check("x", [][]byte{[]byte("q"), []byte("s")}, t0)
+	if err != nil || r[0].Code != CodeSeen || r[1].Code != CodeNotSeen {
+		t.Fatalf("before the delete: %v %v, want seen, not seen", r, err)
+	}
+
+	h.f.beforeScreen = func() {
+		h.f.beforeScreen = nil
+		h.apply(t0, Op{Kind: OpDeleteNamespace, Namespace: "x"})
+	}
+	r, err = h.f.Check("x", [][]byte{[]byte("q"), []byte("r")}, t0)
+	if !errors.Is(err, ErrNamespaceNotFound) {
+		t.Fatalf("namespace deleted during the check: %v %v, want ErrNamespaceNotFound", r, err)
+	}
+
+	h.apply(t0, Op{Kind: OpCreateNamespace, Config: cfg})
+	h.one(t0, Op{Kind: OpMark, Namespace: "x", Items: []Item{{ID: []byte("q")}}})
+	h.f.beforeScreen = func() {
+		h.f.beforeScreen = nil
+		h.apply(t0, Op{Kind: OpDeleteNamespace, Namespace: "x"})
+		h.apply(t0, Op{Kind: OpCreateNamespace, Config: cfg})
+		h.one(t0, Op{Kind: OpMark, Namespace: "x", Items: []Item{{ID: []byte("r")}}})
+	}
+	r, err = h.f.Check("x", [][]byte{[]byte("q"), []byte("r")}, t0)
+	if err != nil || r[0].Code != CodeNotSeen || r[1].Code != CodeSeen {
+		t.Fatalf("namespace created again during the check: %v %v, want q not seen, r seen", r, err)
+	}
 }

@@ -81,6 +81,9 @@ type FSM struct {
 	filters *bloom.Filters
 	// checkScratch pools Check's *batchProbes.
 	checkScratch sync.Pool
+	// beforeScreen, if set (tests only), runs in Check between its read
+	// of the namespace and the Bloom screen of its IDs, without mu.
+	beforeScreen func()
 
 	// mu guards everything below. Apply holds it exclusively for a whole
 	// batch, so a reader never sees a half-applied batch; readers hold it

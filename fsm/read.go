@@ -140,7 +140,23 @@ func (f *FSM) Check(nsName string, ids [][]byte, nowMs int64) ([]ItemResult, err
 	cs := f.checkScratch.Get().(*batchProbes)
 	defer f.checkScratch.Put(cs)
 	cs.reset(nsID, ids)
+	if f.beforeScreen != nil {
+		f.beforeScreen()
+	}
 	screened := f.filters.Screen(nsID, cs.probes, cs.maybe)
+	if screened {
+		// The screen counts only if the namespace lived through it: one
+		// deleted just before has no chains left, which would rule out
+		// every ID. Namespace IDs are never reused, so the same ID now
+		// means it was never deleted in between.
+		f.mu.RLock()
+		cur := f.st.namespaces[nsName]
+		f.mu.RUnlock()
+		if cur == nil {
+			return nil, &NamespaceError{Name: nsName, Err: ErrNamespaceNotFound}
+		}
+		screened = cur.ID == nsID
+	}
 
 	out := make([]ItemResult, len(ids))
 	var sc lookupScratch

@@ -8,7 +8,8 @@
 //   - Durations are milliseconds; 0 means "use the namespace default".
 //   - A request names a namespace; the empty string means "default".
 //   - Every batch is at most the server's --max-batch items (default 10000).
-//   - Results come back in request order, one per item.
+//   - Results come back in request order, one per item (or, with a
+//     request's compact flag, one code per item in codes; see there).
 //   - Invalid input fails the whole request with INVALID_ARGUMENT and a
 //     message naming the offending field and item index; nothing is applied.
 //   - Writes during an election or without quorum fail with UNAVAILABLE.
@@ -996,9 +997,11 @@ type MarkResponse struct {
 	Results []*MarkResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// Set when the request asked for compact: one byte per item, in order,
 	// its MarkResult.Code, plus 128 when its result is in results (which
-	// then holds only those, in item order). An item without it has the
-	// record new_record describes, with its own request token (the item's,
-	// else the request's) and digest: the items this call recorded.
+	// then holds only those, in item order). An item without the flag has
+	// the record new_record describes, with its own request token (the
+	// item's, else the request's) and digest. Mostly the items this call
+	// recorded; an item whose record differs from that (a retried call's
+	// item recorded by its first attempt) is flagged.
 	Codes         []byte  `protobuf:"bytes,2,opt,name=codes,proto3" json:"codes,omitempty"`
 	NewRecord     *Record `protobuf:"bytes,3,opt,name=new_record,json=newRecord,proto3" json:"new_record,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -8,7 +8,8 @@
 //   - Durations are milliseconds; 0 means "use the namespace default".
 //   - A request names a namespace; the empty string means "default".
 //   - Every batch is at most the server's --max-batch items (default 10000).
-//   - Results come back in request order, one per item.
+//   - Results come back in request order, one per item (or, with a
+//     request's compact flag, one code per item in codes; see there).
 //   - Invalid input fails the whole request with INVALID_ARGUMENT and a
 //     message naming the offending field and item index; nothing is applied.
 //   - Writes during an election or without quorum fail with UNAVAILABLE.
