@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -415,6 +416,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 				d      time.Duration
 			}
 			groups := map[groupKey][]client.Item{}
+			lines := map[groupKey][]int{} // the input line of each of groups' items
 			var stats struct{ read, new, dup, conflict, leased, inProgress, expired int }
 			var epoch *uint64
 			flush := func(k groupKey) error {
@@ -424,13 +426,17 @@ so every fencing token it grants afterwards exceeds the source's.`,
 				}
 				ctx, cancel := f.withTimeout(e.ctx)
 				defer cancel()
-				items, err := skipImported(ctx, c, namespace, items, k.leased)
+				items, kept, err := skipImported(ctx, c, namespace, items, k.leased)
 				if err != nil {
 					return err
 				}
+				itemLines := make([]int, len(kept))
+				for i, j := range kept {
+					itemLines[i] = lines[k][j]
+				}
 				stats.dup += len(groups[k]) - len(items)
 				if len(items) == 0 {
-					groups[k] = groups[k][:0:0]
+					groups[k], lines[k] = groups[k][:0:0], lines[k][:0:0]
 					return nil
 				}
 				var res []client.Result
@@ -440,7 +446,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 					res, err = c.Mark(ctx, namespace, items, k.d)
 				}
 				if err != nil {
-					return err
+					return rejectedLine(err, items, itemLines)
 				}
 				for _, r := range res {
 					switch r.Code {
@@ -456,7 +462,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 						stats.conflict++
 					}
 				}
-				groups[k] = items[:0:0]
+				groups[k], lines[k] = items[:0:0], lines[k][:0:0]
 				return nil
 			}
 			// failed explains a failed request and says how many IDs the
@@ -519,6 +525,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 					k.d = roundTTL(r.ttl, granularity, maxTTL)
 				}
 				groups[k] = append(groups[k], client.Item{ID: r.id, Digest: r.digest, RequestToken: r.token})
+				lines[k] = append(lines[k], line)
 				if len(groups[k]) >= batch {
 					if err := flush(k); err != nil {
 						return failed(err)
@@ -565,7 +572,9 @@ so every fencing token it grants afterwards exceeds the source's.`,
 // call that recorded it, and a re-run of an import would report every
 // record as new. Items without a token need no look: Mark answers
 // duplicate for them.
-func skipImported(ctx context.Context, c *client.Client, ns string, items []client.Item, leased bool) ([]client.Item, error) {
+//
+// kept holds the index in items of each item returned.
+func skipImported(ctx context.Context, c *client.Client, ns string, items []client.Item, leased bool) (out []client.Item, kept []int, err error) {
 	var ids [][]byte
 	for _, it := range items {
 		if len(it.RequestToken) > 0 {
@@ -573,11 +582,15 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 		}
 	}
 	if len(ids) == 0 {
-		return items, nil
+		kept = make([]int, len(items))
+		for i := range kept {
+			kept[i] = i
+		}
+		return items, kept, nil
 	}
 	res, err := c.Check(ctx, ns, ids, client.Linearizable)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	want := client.StateCommitted
 	if leased {
@@ -589,13 +602,28 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 			present[string(r.ID)+"\x00"+string(r.Record.RequestToken)] = true
 		}
 	}
-	out := items[:0:0]
-	for _, it := range items {
+	out = items[:0:0]
+	for i, it := range items {
 		if len(it.RequestToken) == 0 || !present[string(it.ID)+"\x00"+string(it.RequestToken)] {
-			out = append(out, it)
+			out, kept = append(out, it), append(kept, i)
 		}
 	}
-	return out, nil
+	return out, kept, nil
+}
+
+// rejectedLine names the input line of the item a rejected import request
+// is about (the typed client.Error.Item), as the per-ID commands do; other
+// errors are returned as they are.
+func rejectedLine(err error, items []client.Item, itemLines []int) error {
+	e := client.AsError(err)
+	if e == nil || e.Kind != client.ErrInvalidArgument || e.Item < 1 || e.Item > len(items) {
+		return err
+	}
+	i := e.Item - 1
+	field := strings.TrimPrefix(e.Field, fmt.Sprintf("items[%d]", i))
+	field = cmp.Or(strings.TrimPrefix(field, "."), "id")
+	return &opError{err: fmt.Errorf("line %d (%s), %s: %s; its request was rejected, nothing of it applied", itemLines[i], quoteEntry(string(items[i].ID)), field, cmp.Or(e.Violation, e.Message)),
+		hint: fmt.Sprintf("fix line %d and run the import again: the IDs already imported are skipped or answer duplicate", itemLines[i])}
 }
 
 // raiseFenceEpoch raises the cluster's fencing epoch to at least epoch and

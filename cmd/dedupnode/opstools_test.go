@@ -272,3 +272,30 @@ func FuzzParseImportLine(f *testing.F) {
 		}
 	})
 }
+
+// An import whose request the cluster rejects for one ID (longer than the
+// namespace allows) names that ID's input line, not its place in the
+// request, and says how many IDs were imported before it.
+func TestImportRejectionNamesTheInputLine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	addr := startDev(t, "--nodes", "1")
+	if code, _, errb := runCLI(t, ctx, "", "namespace", "create", "short", "--addr", addr, "--max-id-bytes", "8"); code != 0 {
+		t.Fatalf("namespace create: %s", errb)
+	}
+	var in strings.Builder
+	for i := range 25 {
+		fmt.Fprintf(&in, "id-%02d\n", i)
+		if i == 5 {
+			in.WriteString("\n") // an empty line still counts as a line
+		}
+	}
+	in.WriteString("id-far-too-long\n") // line 27
+	code, _, errb := runCLI(t, ctx, in.String(), "import", "--addr", addr, "--namespace", "short", "--ttl", "1h", "--batch", "10", "-")
+	if code == 0 || !strings.Contains(errb, `line 27 ("id-far-too-long")`) || !strings.Contains(errb, "20 IDs imported before it") {
+		t.Fatalf("import of a too long ID: exit %d, stderr %q; want line 27 named and 20 IDs imported", code, errb)
+	}
+	if strings.Contains(errb, "items[") {
+		t.Fatalf("the error names the ID's place in the request: %q", errb)
+	}
+}
