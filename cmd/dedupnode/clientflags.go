@@ -157,6 +157,14 @@ func (f *clientFlags) validateConn(cmd *cobra.Command) error {
 		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
 			return usagef("--addr %q: want HOST:PORT, e.g. %s", a, defaultAddr)
 		}
+		// A port number out of range is a typo the dialer would report as
+		// an unreachable node; a name (a service in /etc/services) is the
+		// resolver's to judge.
+		if _, port, err := net.SplitHostPort(a); err == nil {
+			if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+				return usagef("--addr %q: port %d is out of range (1-65535)", a, n)
+			}
+		}
 	}
 	if err := cluster.CheckRegion(f.region); err != nil {
 		return usagef("--region: %v", err)

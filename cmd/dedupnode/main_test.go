@@ -86,6 +86,8 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"commit bad token", []string{"commit", "order-1=abc"}, "not a positive integer"},
 		{"ttl on check", []string{"check", "--ttl", "5m", "x"}, "unknown flag"},
 		{"bad addr", []string{"mark", "--addr", "localhost", "x"}, "HOST:PORT"},
+		{"addr port out of range", []string{"check", "--addr", "127.0.0.1:70700", "x"}, "port 70700 is out of range (1-65535)"},
+		{"addr port zero", []string{"mark", "--addr", "[::1]:0", "x"}, "port 0 is out of range"},
 		{"serve no node id", []string{"serve", "--data-dir", dir, "--bootstrap"}, "--node-id is required"},
 		{"serve no data dir", []string{"serve", "--node-id", "n1", "--bootstrap"}, "--data-dir is required"},
 		{"serve no mode", []string{"serve", "--node-id", "n1", "--data-dir", dir}, "give one of --bootstrap"},
