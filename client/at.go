@@ -99,11 +99,7 @@ func (b *batchRecords) of(i int, r *dedupv1.Record) *Record {
 	if !ok {
 		return nil
 	}
-	if b.all == nil {
-		b.all = make([]Record, b.n)
-	}
-	b.all[i] = rec
-	return &b.all[i]
+	return b.set(i, rec)
 }
 
 // set stores rec as item i's record and returns it.

@@ -14,25 +14,18 @@ type batchProbes struct {
 
 // reset prepares cs for the IDs ids of namespace nsID.
 func (cs *batchProbes) reset(nsID uint32, ids [][]byte) {
-	cs.begin(len(ids))
-	for _, id := range ids {
-		cs.keys = bloom.HashKey(cs.keys, nsID, id)
-		cs.ends = append(cs.ends, len(cs.keys))
-	}
-	cs.finish()
-}
-
-func (cs *batchProbes) begin(n int) {
+	n := len(ids)
 	cs.keys, cs.ends = cs.keys[:0], cs.ends[:0]
 	if cap(cs.probes) < n {
 		cs.probes, cs.maybe = make([]bloom.Probe, n), make([]bool, n)
 	}
 	cs.probes, cs.maybe = cs.probes[:n], cs.maybe[:n]
-}
-
-// finish points each probe at its key, once every key is in place (keys
-// may move while it grows).
-func (cs *batchProbes) finish() {
+	for _, id := range ids {
+		cs.keys = bloom.HashKey(cs.keys, nsID, id)
+		cs.ends = append(cs.ends, len(cs.keys))
+	}
+	// Only now that keys no longer grows (and moves) do the probes point
+	// into it.
 	for i := range cs.probes {
 		cs.probes[i].Reset(cs.hkey(i))
 	}

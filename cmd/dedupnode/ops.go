@@ -453,11 +453,7 @@ func explainBatch(err error, f *clientFlags, namespace string, b batch, read boo
 	e := client.AsError(err)
 	if e != nil && e.Kind == client.ErrInvalidArgument && e.Item > 0 && e.Item <= len(b.entries) {
 		i := e.Item - 1
-		// e.Field is the item's field in the request ("items[7].id", or
-		// "ids[7]" for a list of IDs): keep the part after the item.
-		field := strings.TrimPrefix(strings.TrimPrefix(e.Field, fmt.Sprintf("items[%d]", i)), fmt.Sprintf("ids[%d]", i))
-		field = cmp.Or(strings.TrimPrefix(field, "."), "id")
-		msg := fmt.Sprintf("%s (%s), %s: %s", b.from[i], quoteEntry(b.entries[i]), field, cmp.Or(e.Violation, e.Message))
+		msg := fmt.Sprintf("%s (%s), %s: %s", b.from[i], quoteEntry(b.entries[i]), itemField(e), cmp.Or(e.Violation, e.Message))
 		hint := fmt.Sprintf("fix %s and retry", b.from[i])
 		if b.sent > 0 {
 			hint = fmt.Sprintf("fix %s, then send the input again from %s on (the IDs before it were answered above)", b.from[i], p.resume)
@@ -481,6 +477,15 @@ func explainBatch(err error, f *clientFlags, namespace string, b batch, read boo
 		oe.hint += fmt.Sprintf("; then send the input again from %s on (the IDs before it were answered above)", p.resume)
 	}
 	return oe
+}
+
+// itemField is the field, within its item, of an invalid request about one
+// item: e.Field is the field in the request ("items[7].id", or "ids[7]" for
+// a list of IDs), and the part after the item is kept ("id").
+func itemField(e *client.Error) string {
+	i := e.Item - 1
+	field := strings.TrimPrefix(strings.TrimPrefix(e.Field, fmt.Sprintf("items[%d]", i)), fmt.Sprintf("ids[%d]", i))
+	return cmp.Or(strings.TrimPrefix(field, "."), "id")
 }
 
 // quoteEntry quotes an entry of the input for an error message, cut to 40

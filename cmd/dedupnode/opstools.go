@@ -620,9 +620,7 @@ func rejectedLine(err error, items []client.Item, itemLines []int) error {
 		return err
 	}
 	i := e.Item - 1
-	field := strings.TrimPrefix(e.Field, fmt.Sprintf("items[%d]", i))
-	field = cmp.Or(strings.TrimPrefix(field, "."), "id")
-	return &opError{err: fmt.Errorf("line %d (%s), %s: %s; its request was rejected, nothing of it applied", itemLines[i], quoteEntry(string(items[i].ID)), field, cmp.Or(e.Violation, e.Message)),
+	return &opError{err: fmt.Errorf("line %d (%s), %s: %s; its request was rejected, nothing of it applied", itemLines[i], quoteEntry(string(items[i].ID)), itemField(e), cmp.Or(e.Violation, e.Message)),
 		hint: fmt.Sprintf("fix line %d and run the import again: the IDs already imported are skipped or answer duplicate", itemLines[i])}
 }
 

@@ -32,7 +32,6 @@ import (
 // size).
 type vtMessage interface {
 	SizeVT() int
-	MarshalVT() ([]byte, error)
 	MarshalToSizedBufferVT(dst []byte) (int, error)
 	UnmarshalVT(data []byte) error
 }
