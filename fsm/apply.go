@@ -192,8 +192,10 @@ func recordBytesLowerBound(idLen int, rec *Record) int {
 //
 // Slots live in fixed-size chunks rather than one slice: a slice of a
 // hundred thousand slots grown by append copied itself (16 MiB and more)
-// under f.mu, stalling applies for tens of milliseconds. The table itself
-// is 8 bytes a cell, at most half full, so its doubling copies far less.
+// under f.mu, stalling applies for tens of milliseconds. The table is 8
+// bytes a cell, at most half full; it doubles by re-inserting every slot
+// under f.mu, which happens only while an overlay first grows: reset keeps
+// the table, and the applier reuses its overlays from buffer to buffer.
 //
 // The overlay outlives the entries that wrote it, so it copies each
 // record's token and digest into arena chunks it owns. A chunk is never

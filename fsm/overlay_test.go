@@ -46,19 +46,23 @@ func TestOverlay_EqualHashesKeepKeysApart(t *testing.T) {
 }
 
 // TestOverlay_GrowsPastItsFirstTable puts many more keys than the first
-// table holds, with hashes that share their tags or their low bits (so
-// probe sequences cross and tags alone cannot tell keys apart), replaces
-// some of them after the table grew, and finds every key with its newest
-// entry, and no key that was never put.
+// table holds: most with spread hashes (so growth must move them to new
+// cells), some sharing one tag and starting at the table's last cell (so
+// their probe sequences wrap to the start, at every size), some sharing
+// their tags only. It replaces some after the table grew, and finds every
+// key with its newest entry and no key that was never put.
 func TestOverlay_GrowsPastItsFirstTable(t *testing.T) {
 	o := newOverlay()
 	n := 20 * minOverlayTable
 	key := func(i int) []byte { return fmt.Appendf(nil, "key-%d", i) }
 	hash := func(i int) uint64 {
-		if i%2 == 0 {
-			return uint64(i%13) << 32 // 13 tags, low bits 0
+		switch i % 10 {
+		case 0:
+			return 5<<32 | (1<<31 - 1) // one tag; low bits all ones: the last cell
+		case 1:
+			return uint64(i%13) << 32 // 13 tags, start cell 0
 		}
-		return 5<<32 | uint64(i%97) // one tag, 97 starting cells
+		return uint64(i) * 0x9E3779B97F4A7C15
 	}
 	for i := range n {
 		o.putHash(hash(i), key(i), ovEntry{bucket: uint64(i), present: true})
@@ -89,5 +93,25 @@ func TestOverlay_GrowsPastItsFirstTable(t *testing.T) {
 	}
 	if want := n - (n+2)/3; o.present != want {
 		t.Fatalf("present = %d, want %d", o.present, want)
+	}
+
+	// Reused after a reset, as the applier reuses a committed buffer's
+	// overlay: the grown table is kept and holds none of the old keys.
+	o.reset()
+	// Cells left behind would never read as empty again: probe sequences
+	// would only lengthen, and a table of stale cells would never end one.
+	for c, v := range o.table {
+		if v != 0 {
+			t.Fatalf("cell %d still in use after reset: %#x", c, v)
+		}
+	}
+	for i := n; i < n+minOverlayTable; i++ {
+		o.putHash(hash(i), key(i), ovEntry{bucket: uint64(i), present: true})
+	}
+	for i := range n + minOverlayTable {
+		e, ok := o.getHash(hash(i), key(i))
+		if old := i < n; ok == old || (ok && e.bucket != uint64(i)) {
+			t.Fatalf("after reset, key %d (put before it: %v): got %+v, %v", i, old, e, ok)
+		}
 	}
 }

@@ -193,11 +193,12 @@ func (d *DB) LargeBatch(bytes, count int) bool {
 // 4 KiB; CockroachDB uses 32 KiB). Every compaction rewrites the store's
 // records block by block, and with 4 KiB blocks the per-block work (size
 // estimates, block finishing, one write(2) per block) was a large part of
-// it: three alternated runs of a 3-node write load with 16 KiB blocks
-// acknowledged 4–23 % more IDs at 6–22 % less CPU per ID, with checks of
-// marked IDs within the noise (docs/PERFORMANCE.md, "Data blocks"). A read
-// of a present key past the block cache reads and checksums 16 KiB
-// instead of 4; a lookup of an absent key stops at the sstable filters.
+// it: in five alternated pairs of 3-node write loads over an aging store,
+// 16 KiB blocks acknowledged more IDs in every pair (+10 % on average) at
+// less CPU per ID (-11 %) (bench/results/2026-12-03-pebble-knobs.md). The
+// price: a read of a present key past the block cache reads and checksums
+// 16 KiB instead of 4 (checks of just-marked IDs measured within this
+// machine's wide noise); a lookup of an absent key stops at the filters.
 const dataBlockBytes = 16 << 10
 
 // l0CompactionThreshold is the L0 read amplification (sublevels) at which
