@@ -146,17 +146,6 @@ func maxSendBytes(maxBatch, maxEntry int) int {
 	return max(16<<20, maxBatch*(fsm.MaxIDBytesLimit+fsm.MaxDigestBytes+fsm.MaxTokenBytes+64), maxRecvBytes(maxEntry))
 }
 
-// streamWorkers is how many goroutines the gRPC server keeps to run calls
-// on. Without them gRPC starts a goroutine per call, whose stack then
-// grows (copied at each doubling) through the handler, the interceptors
-// and the wait for Raft: stack growth was 10 % of a 3-node cluster's CPU
-// answering unary checks. A worker keeps its grown stack from call to
-// call. Handlers block until their entry commits or their read index is
-// reached, so a worker is busy for a whole call, and a streamed call holds
-// one for the stream's life; calls that find every worker busy get a
-// goroutine of their own, as without workers.
-const streamWorkers = 64
-
 // Start listens on cfg.ListenAddr, starts the Raft node and serves gRPC.
 // With cfg.Join and no Raft state it joins through the listed members
 // before returning (bounded by ctx). On error everything started is closed.
@@ -215,7 +204,6 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.initHandlers()
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(recv), grpc.MaxSendMsgSize(send),
 		grpc.ForceServerCodecV2(grpccodec.Codec{}),
-		grpc.NumStreamWorkers(streamWorkers),
 		grpc.ChainUnaryInterceptor(calls...),
 		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
