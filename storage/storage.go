@@ -193,9 +193,10 @@ func (d *DB) LargeBatch(bytes, count int) bool {
 // 4 KiB; CockroachDB uses 32 KiB). Every compaction rewrites the store's
 // records block by block, and part of its work is per block: finishing
 // the block, its index entry, and one write(2) each (write(2) alone was
-// 7 % of a 3-node write load's CPU with 4 KiB blocks). In five alternated pairs of 3-node write loads over an aging store,
-// 16 KiB blocks acknowledged more IDs in every pair (+10 % on average) at
-// less CPU per ID (-11 %) (bench/results/2026-12-03-pebble-knobs.md). The
+// 7 % of a 3-node write load's CPU with 4 KiB blocks). In five
+// alternated pairs of 3-node write loads over an aging store, 16 KiB
+// blocks acknowledged more IDs in every pair (+10 % on average) at less
+// CPU per ID (-11 %) (bench/results/2026-12-03-pebble-knobs.md). The
 // price: a read of a present key past the block cache reads and checksums
 // 16 KiB instead of 4 (checks of just-marked IDs measured within this
 // machine's wide noise); a lookup of an absent key stops at the filters.
