@@ -37,6 +37,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	open := f.cfg.ApplyGate == nil || f.cfg.ApplyGate() // outside f.mu: reads go on while it waits
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.applier.releaseReader()
 	out := make([]any, len(logs))
 	if f.closed {
 		panic("fsm: apply after Close")
@@ -138,6 +139,16 @@ type applier struct {
 // past the configured buffer (a huge single entry) is dropped rather than
 // held forever.
 const maxReusedOverlay = 1 << 18
+
+// releaseReader closes the iterator the applier's lookups share, so it
+// pins no memtable or sstable between batches, sees every commit, and
+// outlives no database a Restore or Close replaces. REQUIRES: f.mu held
+// exclusively.
+func (a *applier) releaseReader() {
+	if err := a.sc.reader.Release(); err != nil {
+		a.f.log.Error("close record reader", "err", err)
+	}
+}
 
 // discard empties the write buffer (after a flush, or when a restore
 // replaces the state it was written against), keeping allocations.

@@ -116,6 +116,68 @@ func benchApplyRandom(b *testing.B, buckets int) {
 	cpu.report(b, f)
 }
 
+// BenchmarkApplyMarkDuplicates is a redelivery storm as the FSM sees it:
+// Marks of IDs already stored (1M random 16-byte IDs, committed and
+// flushed to sstables first), 200 per entry, 4 entries per ApplyBatch, in
+// random order, so every lookup reads the database. Reported per ID,
+// whole-process CPU in cpu-ns/id.
+//
+//	go test ./fsm -run '^$' -bench ApplyMarkDuplicates -benchtime 400000x
+func BenchmarkApplyMarkDuplicates(b *testing.B) {
+	f, err := New(Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: 1 << 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	waitReadyB(b, f)
+	const stored, perEntry, perBatch = 1_000_000, 200, 4
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := make([][]byte, stored)
+	for i := range ids {
+		id := make([]byte, 16)
+		binary.BigEndian.PutUint64(id, rng.Uint64())
+		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+		ids[i] = id
+	}
+	var index uint64
+	mkLog := func(next func() []byte) *raft.Log {
+		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
+		tok := make([]byte, 16)
+		binary.BigEndian.PutUint64(tok, rng.Uint64())
+		for i := range op.Items {
+			op.Items[i] = Item{ID: next(), Token: tok}
+		}
+		index++
+		return logOf(index, &Command{TimestampMs: t0, Ops: []Op{op}})
+	}
+	n := 0
+	for n < stored {
+		f.ApplyBatch([]*raft.Log{mkLog(func() []byte { n++; return ids[n-1] })})
+	}
+	commitBuffer(f)
+	if err := f.db.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := startCPU()
+	for n := 0; n < b.N; n += perEntry * perBatch {
+		b.StopTimer()
+		logs := make([]*raft.Log, perBatch)
+		for i := range logs {
+			logs[i] = mkLog(func() []byte { return ids[rng.IntN(stored)] })
+		}
+		b.StartTimer()
+		for i, r := range f.ApplyBatch(logs) {
+			if res := r.(*ApplyResult).Ops[0].Items[0]; res.Code != CodeDuplicate {
+				b.Fatalf("entry %d: first item answered %v, want a duplicate", i, res.Code)
+			}
+		}
+	}
+	b.StopTimer()
+	cpu.report(b, f)
+}
+
 // cpuMeter measures process CPU (user+system) over a benchmark, so that
 // background work (Pebble flushes, compactions) is counted.
 type cpuMeter struct{ start time.Duration }

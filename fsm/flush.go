@@ -144,6 +144,10 @@ func (f *FSM) retireLocked(job *flushJob) {
 		return
 	}
 	job.retired = true
+	// Its records now live only in the database, where a view opened
+	// before its commit would miss them. (ApplyBatch commits after its
+	// entries, so today this releases nothing a lookup still needs.)
+	f.applier.releaseReader()
 	if f.flushing == job {
 		f.flushing = nil
 	}

@@ -170,7 +170,7 @@ func New(cfg Config) (*FSM, error) {
 		log:     cfg.Logger.With("component", "fsm"),
 		filters: bloom.New(cfg.Bloom),
 		notify:  make(chan struct{}),
-		applier: &applier{},
+		applier: &applier{sc: lookupScratch{reader: new(storage.RecordReader)}},
 	}
 	f.checkScratch.New = func() any { return new(batchProbes) }
 	f.applier.f = f

@@ -14,6 +14,13 @@ type lookupScratch struct {
 	cands []uint64
 	kbuf  []byte
 	vbuf  []byte
+	// reader, when set, reads stored records through one iterator from
+	// lookup to lookup: the applier's, released when a committed buffer
+	// leaves the overlays (retireLocked) and at the end of every
+	// ApplyBatch. Lookups without one open an iterator each (a Check
+	// releases mu between its IDs, and a Restore may close the database
+	// meanwhile).
+	reader *storage.RecordReader
 }
 
 // lookupLocked finds the record of id in ns (hkey = HashKey(ns.ID, id)):
@@ -99,7 +106,14 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 // getRecord reads id's record in one bucket; it aliases sc.vbuf.
 func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScratch) (Record, bool, error) {
 	sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, id)
-	v, found, err := f.db.GetRecordInto(sc.kbuf, sc.vbuf[:0])
+	var v []byte
+	var found bool
+	var err error
+	if sc.reader != nil {
+		v, found, err = sc.reader.Get(f.db, sc.kbuf, sc.vbuf[:0])
+	} else {
+		v, found, err = f.db.GetRecordInto(sc.kbuf, sc.vbuf[:0])
+	}
 	sc.vbuf = v
 	if err != nil {
 		return Record{}, false, fmt.Errorf("get record: %w", err)

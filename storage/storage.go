@@ -291,35 +291,71 @@ func GetCopy(r pebble.Reader, key []byte) (val []byte, found bool, err error) {
 }
 
 // GetRecordInto appends the value of the record at key to dst, returning
-// found=false if absent. The FSM reads every record through it, and most
-// of its lookups are of absent keys: IDs our Bloom filters answered
-// "maybe" for, nearly always a false positive. Pebble's Get skips the
-// sstable filters of the last level (L6), whose blocks CockroachDB's Gets
-// rarely pay for; here every false positive would then read an L6 index
-// and data block, mostly from disk, once the data outgrows the block
-// cache. An iterator asked to use the L6 filters answers most such lookups
-// from the filter block alone; for present keys it measured no slower on
-// a fresh store (docs/PERFORMANCE.md, which also notes what is still open). The key must be a whole key (the default
+// found=false if absent. Lookups that do not run under one lock from the
+// first to the last read it (a Check) read through it; the applier reads
+// through a RecordReader. Most lookups are of absent keys: IDs our Bloom
+// filters answered "maybe" for, nearly always a false positive. Pebble's
+// Get skips the sstable filters of the last level (L6), whose blocks
+// CockroachDB's Gets rarely pay for; here every false positive would then
+// read an L6 index and data block, mostly from disk, once the data
+// outgrows the block cache. An iterator asked to use the L6 filters
+// answers most such lookups from the filter block alone; for present keys
+// it measured no slower on a fresh store (docs/PERFORMANCE.md, which also
+// notes what is still open). The key must be a whole key (the default
 // comparer's Split is the identity), so a prefix seek finds it or nothing.
 func (d *DB) GetRecordInto(key, dst []byte) ([]byte, bool, error) {
-	it, err := d.NewIter(&pebble.IterOptions{UseL6Filters: true})
-	if err != nil {
-		return dst, false, err
-	}
-	found := it.SeekPrefixGE(key) && bytes.Equal(it.Key(), key)
-	if found {
-		var v []byte
-		if v, err = it.ValueAndErr(); err == nil {
-			dst = append(dst, v...)
-		}
-	}
-	if cerr := it.Close(); err == nil {
+	var r RecordReader
+	dst, found, err := r.Get(d, key, dst)
+	if cerr := r.Release(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return dst, false, err
 	}
 	return dst, found, nil
+}
+
+// RecordReader reads records as GetRecordInto does, through one iterator
+// kept from read to read: a run of lookups pays the iterator's setup once,
+// and a seek that lands in a file an earlier one opened (every L0 file of
+// a store of random IDs spans the whole key space) finds it open. The
+// iterator sees the database as it was at the first Get after creation or
+// Release, so its owner releases it whenever the database changes in a
+// way its reads must see, and before the database closes. Not safe for
+// concurrent use. The zero value is ready.
+type RecordReader struct {
+	it *pebble.Iterator
+}
+
+// Get appends the value of the record at key in d to dst, returning
+// found=false if absent. d must be the database of every Get since the
+// last Release.
+func (r *RecordReader) Get(d *DB, key, dst []byte) ([]byte, bool, error) {
+	if r.it == nil {
+		it, err := d.NewIter(&pebble.IterOptions{UseL6Filters: true})
+		if err != nil {
+			return dst, false, err
+		}
+		r.it = it
+	}
+	if !r.it.SeekPrefixGE(key) || !bytes.Equal(r.it.Key(), key) {
+		return dst, false, r.it.Error()
+	}
+	v, err := r.it.ValueAndErr()
+	if err != nil {
+		return dst, false, err
+	}
+	return append(dst, v...), true, nil
+}
+
+// Release closes the iterator, if any; the next Get opens a new one.
+func (r *RecordReader) Release() error {
+	if r.it == nil {
+		return nil
+	}
+	err := r.it.Close()
+	r.it = nil
+	return err
 }
 
 type logger struct{ l *slog.Logger }

@@ -141,17 +141,30 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 		append(key(4), 0),                              // a present key extended by one byte
 		AppendRecordKey(nil, 1, 8, []byte("id-00004")), // same ID, next bucket
 	}
-	for _, k := range probes {
-		want, wantOK, err := GetCopy(db, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ok, err := db.GetRecordInto(k, []byte("prefix:"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok != wantOK || !bytes.Equal(got, append([]byte("prefix:"), want...)) {
-			t.Fatalf("key %q: GetRecordInto = %q, %v; Get = %q, %v", k, got, ok, want, wantOK)
+	// One RecordReader serves every probe, twice over, so its seeks go
+	// back and forth over the files it keeps open.
+	var r RecordReader
+	defer r.Release()
+	for round := range 2 {
+		for _, k := range probes {
+			want, wantOK, err := GetCopy(db, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok, err := db.GetRecordInto(k, []byte("prefix:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != wantOK || !bytes.Equal(got, append([]byte("prefix:"), want...)) {
+				t.Fatalf("key %q: GetRecordInto = %q, %v; Get = %q, %v", k, got, ok, want, wantOK)
+			}
+			got, ok, err = r.Get(db, k, []byte("prefix:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != wantOK || !bytes.Equal(got, append([]byte("prefix:"), want...)) {
+				t.Fatalf("round %d, key %q: RecordReader.Get = %q, %v; Get = %q, %v", round, k, got, ok, want, wantOK)
+			}
 		}
 	}
 
@@ -164,5 +177,46 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 	// 500 absent keys, 10-bit filters: about 1 % pass the filter.
 	if hits := db.Metrics().Filter.Hits - before; hits < 400 {
 		t.Fatalf("L6 filter avoided %d data block reads of 500 absent keys, want most", hits)
+	}
+}
+
+// A RecordReader answers from the database as it was at its first Get
+// until it is released: the FSM releases it whenever a committed buffer
+// leaves the overlays, and this is why it must.
+func TestRecordReaderKeepsItsViewUntilReleased(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	older, newer := AppendRecordKey(nil, 1, 7, []byte("older")), AppendRecordKey(nil, 1, 7, []byte("newer"))
+	if err := db.Set(older, []byte("v1"), pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	var r RecordReader
+	defer r.Release()
+	if v, ok, err := r.Get(db, older, nil); err != nil || !ok || string(v) != "v1" {
+		t.Fatalf("older: %q, %v, %v; want v1", v, ok, err)
+	}
+	if err := db.Set(newer, []byte("v2"), pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Delete(older, pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := r.Get(db, newer, nil); err != nil || ok {
+		t.Fatalf("newer before Release: found=%v err=%v; the reader's view predates it", ok, err)
+	}
+	if v, ok, err := r.Get(db, older, nil); err != nil || !ok || string(v) != "v1" {
+		t.Fatalf("older before Release: %q, %v, %v; want v1 (deleted after the view)", v, ok, err)
+	}
+	if err := r.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := r.Get(db, newer, nil); err != nil || !ok || string(v) != "v2" {
+		t.Fatalf("newer after Release: %q, %v, %v; want v2", v, ok, err)
+	}
+	if _, ok, err := r.Get(db, older, nil); err != nil || ok {
+		t.Fatalf("older after Release: found=%v err=%v; want deleted", ok, err)
 	}
 }
