@@ -17,12 +17,7 @@ import (
 // BenchmarkApplyMarkNew applies entries of 1000 new 16-byte IDs, 64 entries
 // per ApplyBatch as Raft delivers them. Reported per ID.
 func BenchmarkApplyMarkNew(b *testing.B) {
-	f, err := New(Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: 1 << 20}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	waitReadyB(b, f)
+	f := newBenchFSM(b, Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: 1 << 20}})
 	const perEntry, perBatch = 1000, 64
 	var index uint64
 	id := make([]byte, 16)
@@ -69,12 +64,7 @@ func BenchmarkApplyMarkNewRandom(b *testing.B) {
 }
 
 func benchApplyRandom(b *testing.B, buckets int) {
-	f, err := New(Config{Dir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	waitReadyB(b, f)
+	f := newBenchFSM(b, Config{Dir: b.TempDir()})
 	const perEntry, perBatch = 200, 4
 	width := DefaultNamespaceConfig("x").BucketWidthMs
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -124,12 +114,7 @@ func benchApplyRandom(b *testing.B, buckets int) {
 //
 //	go test ./fsm -run '^$' -bench ApplyMarkDuplicates -benchtime 400000x
 func BenchmarkApplyMarkDuplicates(b *testing.B) {
-	f, err := New(Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: 1 << 20}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	waitReadyB(b, f)
+	f := newBenchFSM(b, Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: 1 << 20}})
 	const stored, perEntry, perBatch = 1_000_000, 200, 4
 	rng := rand.New(rand.NewPCG(1, 2))
 	ids := make([][]byte, stored)
@@ -207,12 +192,7 @@ func commitBuffer(f *FSM) {
 
 // BenchmarkCheckMiss measures a Check of an absent ID among 100k stored.
 func BenchmarkCheckMiss(b *testing.B) {
-	f, err := New(Config{Dir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	waitReadyB(b, f)
+	f := newBenchFSM(b, Config{Dir: b.TempDir()})
 	op := Op{Kind: OpMark}
 	for i := range 100_000 {
 		op.Items = append(op.Items, Item{ID: fmt.Appendf(nil, "present-%08d", i)})
@@ -232,12 +212,7 @@ func BenchmarkCheckMiss(b *testing.B) {
 // batch, among 2M stored in one growing bucket (a chain of several
 // filter segments, larger than the CPU's L2).
 func BenchmarkCheckMiss16(b *testing.B) {
-	f, err := New(Config{Dir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	waitReadyB(b, f)
+	f := newBenchFSM(b, Config{Dir: b.TempDir()})
 	for e := range 200 {
 		op := Op{Kind: OpMark}
 		for i := range 10_000 {
@@ -276,6 +251,18 @@ func BenchmarkDecodeCommand(b *testing.B) {
 	}
 }
 
+// newBenchFSM opens an FSM for a benchmark, closed when it ends, and
+// waits for its Bloom filters to be ready.
+func newBenchFSM(b *testing.B, cfg Config) *FSM {
+	f, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	waitReadyB(b, f)
+	return f
+}
+
 func waitReadyB(b *testing.B, f *FSM) {
 	deadline := time.Now().Add(time.Minute)
 	for !f.filters.Ready() && time.Now().Before(deadline) {
@@ -292,12 +279,7 @@ func waitReadyB(b *testing.B, f *FSM) {
 func BenchmarkApplyMarkNew3FSMs(b *testing.B) {
 	var fs []*FSM
 	for range 3 {
-		f, err := New(Config{Dir: b.TempDir()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { f.Close() })
-		waitReadyB(b, f)
+		f := newBenchFSM(b, Config{Dir: b.TempDir()})
 		fs = append(fs, f)
 	}
 	const perEntry = 250 // about what group commit puts in one entry at 50 callers × 16 IDs
