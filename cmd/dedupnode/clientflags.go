@@ -89,7 +89,7 @@ func tlsHint(err error) string {
 }
 
 // clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
-var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region"}
+var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "timeout"}
 
 // register adds the shared connection flags (registerConn), --timeout
 // (one request with its retries) and --output.
@@ -102,7 +102,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 // registerTimeout adds --timeout with default def.
 func (f *clientFlags) registerTimeout(cmd *cobra.Command, def time.Duration) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", def,
-		"give up a request (one batch, with its retries) after this `DURATION`")
+		"give up a request (one batch, with its retries) after this `DURATION` (env DEDUPNODE_TIMEOUT)")
 }
 
 // registerConn adds the flags that say how to reach a cluster — --addr,

@@ -84,6 +84,7 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"addr with scheme in list", []string{"mark", "--addr", "127.0.0.1:7071,https://127.0.0.1:7070/", "x"}, "e.g. --addr 127.0.0.1:7070"},
 		{"commit without token", []string{"commit", "order-1"}, "fencing token"},
 		{"commit bad token", []string{"commit", "order-1=abc"}, "not a positive integer"},
+		{"commit with both token forms", []string{"commit", "--fencing-token", "8", "job-1=8"}, "use one form"},
 		{"ttl on check", []string{"check", "--ttl", "5m", "x"}, "unknown flag"},
 		{"bad addr", []string{"mark", "--addr", "localhost", "x"}, "HOST:PORT"},
 		{"addr port out of range", []string{"check", "--addr", "127.0.0.1:70700", "x"}, "port 70700 is out of range (1-65535)"},
@@ -120,6 +121,27 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 				t.Fatalf("stderr %q lacks %q or a pointer to --help", errs, tc.want)
 			}
 		})
+	}
+}
+
+// --timeout, like the connection flags, may come from DEDUPNODE_TIMEOUT,
+// and a bad value there is a usage error naming the variable.
+func TestTimeoutFromEnvironment(t *testing.T) {
+	t.Setenv("DEDUPNODE_TIMEOUT", "soon")
+	code, out, errs := runCLI(t, context.Background(), "", "mark", "--addr", closedAddr(t), "x")
+	if code != exitUsage || out != "" || !strings.Contains(errs, "DEDUPNODE_TIMEOUT") {
+		t.Fatalf("bad DEDUPNODE_TIMEOUT: exit %d, stdout %q, stderr %q; want a usage error naming it", code, out, errs)
+	}
+	// A well-formed value is applied: 0s then fails --timeout's own check.
+	t.Setenv("DEDUPNODE_TIMEOUT", "0s")
+	code, _, errs = runCLI(t, context.Background(), "", "mark", "--addr", closedAddr(t), "x")
+	if code != exitUsage || !strings.Contains(errs, "--timeout must be positive") {
+		t.Fatalf("DEDUPNODE_TIMEOUT=0s: exit %d, stderr %q; want --timeout's check to refuse it", code, errs)
+	}
+	// The flag still wins over the variable.
+	code, _, errs = runCLI(t, context.Background(), "", "mark", "--addr", closedAddr(t), "--timeout", "1s", "x")
+	if code != exitError {
+		t.Fatalf("--timeout 1s over DEDUPNODE_TIMEOUT=0s: exit %d, stderr %q; want the dial error, exit 1", code, errs)
 	}
 }
 

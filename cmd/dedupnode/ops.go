@@ -536,6 +536,14 @@ func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
 	ids := make([]string, len(entries))
 	for i, e := range entries {
 		if f.fencingToken != 0 {
+			// An entry that already carries a token is a mix of the two
+			// forms, not an ID: refuse it rather than send it as one. An ID
+			// that does end in =DIGITS goes through as ID=DIGITS=TOKEN.
+			if k := strings.LastIndexByte(e, '='); k >= 0 {
+				if tok, err := strconv.ParseUint(e[k+1:], 10, 64); err == nil && tok > 0 {
+					return nil, nil, &badEntryError{i, fmt.Errorf("%q gives its own fencing token, and so does --fencing-token: use one form (an ID that ends in =%s: give it as %s=%d)", e, e[k+1:], e, f.fencingToken)}
+				}
+			}
 			leases[i] = client.Lease{ID: []byte(e), FencingToken: f.fencingToken}
 			ids[i] = e
 			continue
