@@ -14,7 +14,7 @@ import (
 //
 // A create retried after an unknown outcome may answer AlreadyExists.
 func (c *Client) CreateNamespace(ctx context.Context, ns Namespace) (Namespace, error) {
-	if err := ns.validDurations("create namespace"); err != nil {
+	if err := ns.validDurations("create namespace", "the default"); err != nil {
 		return Namespace{}, err
 	}
 	req := &dedupv1.CreateNamespaceRequest{Namespace: ns.proto()}
@@ -27,7 +27,7 @@ func (c *Client) CreateNamespace(ctx context.Context, ns Namespace) (Namespace, 
 // value, and the bucket width never changes. Returns the namespace as
 // updated. Errors: NotFound, InvalidArgument.
 func (c *Client) UpdateNamespace(ctx context.Context, ns Namespace) (Namespace, error) {
-	if err := ns.validDurations("update namespace"); err != nil {
+	if err := ns.validDurations("update namespace", "unchanged"); err != nil {
 		return Namespace{}, err
 	}
 	req := &dedupv1.UpdateNamespaceRequest{Namespace: ns.proto()}

@@ -160,7 +160,22 @@ func (e *Error) GRPCStatus() *status.Status {
 	if e.ctxErr != nil {
 		return status.FromContextError(e.ctxErr)
 	}
+	if e.Code != codes.OK {
+		// Refused by the client itself (invalidArgument): the code a node
+		// would have answered, so that status.Code(err) works as well.
+		return status.New(e.Code, e.Message)
+	}
 	return status.New(codes.Unknown, e.Message)
+}
+
+// invalidArgument is the error of a request the client refuses before
+// sending anything, shaped as a node's answer to the same input: Field
+// and Violation as the node's BadRequest detail would give them, Item
+// (from 1, 0 for none) as its ErrorInfo would, and Message "field:
+// violation" as the node's words.
+func invalidArgument(op, field string, item int, violation string) *Error {
+	return &Error{Op: op, Kind: ErrInvalidArgument, Code: codes.InvalidArgument,
+		Field: field, Violation: violation, Item: item, Message: field + ": " + violation}
 }
 
 // Heals reports whether waiting may help: false for errors that stay the

@@ -394,21 +394,34 @@ func msOf(d time.Duration) int64 { return d.Milliseconds() }
 // milliseconds (500µs, 1.9ms), is refused rather than rounded: rounding
 // 500µs down would give 0, "the namespace default", a 24 h record.
 func durationMs(op, field string, d time.Duration) (int64, error) {
-	if d < 0 || d%time.Millisecond != 0 {
-		return 0, &Error{Op: op, Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: field,
-			Message: fmt.Sprintf("%s %v: want 0 (the namespace default) or a positive whole number of milliseconds", field, d)}
+	if v := durationViolation(d, "0 (the namespace default) or a positive whole number of milliseconds"); v != "" {
+		return 0, invalidArgument(op, field, 0, v)
 	}
 	return d.Milliseconds(), nil
 }
 
-// validDurations checks a namespace's durations as durationMs does.
-func (n Namespace) validDurations(op string) error {
+// durationViolation says, in a node's style of words, what is wrong with d
+// as a duration the store keeps in whole milliseconds: "" when it is 0 or
+// a positive whole number of them. want describes what is accepted.
+func durationViolation(d time.Duration, want string) string {
+	switch {
+	case d < 0:
+		return fmt.Sprintf("%v is negative; want %s", d, want)
+	case d%time.Millisecond != 0:
+		return fmt.Sprintf("%v is not a whole number of milliseconds; want %s", d, want)
+	}
+	return ""
+}
+
+// validDurations checks a namespace's durations as durationMs does; zero
+// says what 0 means in the call ("the default", "unchanged").
+func (n Namespace) validDurations(op, zero string) error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
 	}{{"default_ttl", n.DefaultTTL}, {"max_ttl", n.MaxTTL}, {"default_lease", n.DefaultLease}} {
-		if _, err := durationMs(op, f.name, f.d); err != nil {
-			return err
+		if v := durationViolation(f.d, "0 ("+zero+") or a positive whole number of milliseconds"); v != "" {
+			return invalidArgument(op, f.name, 0, v)
 		}
 	}
 	return nil
