@@ -501,6 +501,19 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 		t.Fatalf("creating a namespace twice: exit %d, want 1", code)
 	}
 	assertOneLine(t, errs)
+	// A setting the node refuses is told in the flags' terms, not its
+	// protobuf fields': a default TTL above the max TTL, on create and on
+	// an update that lowers the max TTL under the default.
+	for _, args := range [][]string{
+		{"create", "--addr", addrs, "refunds", "--ttl", "2h", "--max-ttl", "1h"},
+		{"update", "--addr", addrs, "payments", "--max-ttl", "1m"},
+	} {
+		code, out, errs = runCLI(t, ctx, "", append([]string{"namespace"}, args...)...)
+		if code != exitError || out != "" || !strings.Contains(errs, "the default TTL (--ttl) must be") || !strings.Contains(errs, "--max-ttl") {
+			t.Fatalf("namespace %v: exit %d, stdout %q, stderr %q; want the rule in the flags' terms", args, code, out, errs)
+		}
+		assertOneLine(t, errs)
+	}
 	code, out, _ = runCLI(t, ctx, "", "namespace", "describe", "--addr", addrs, "-o", "json", "payments")
 	var ns map[string]any
 	if code != 0 || json.Unmarshal([]byte(out), &ns) != nil || ns["default_ttl_ms"] != float64(300000) || ns["mode"] != "sliding" {

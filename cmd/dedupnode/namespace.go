@@ -117,6 +117,9 @@ window) is a namespace whose TTL is the window.`,
 		return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
 			nss, err := fn(ctx, c)
 			if err != nil {
+				if se := nsSettingError(err); se != nil {
+					return se
+				}
 				return explainNS(err, f, name)
 			}
 			if nss == nil {
@@ -237,4 +240,28 @@ func explainNS(err0 error, f *clientFlags, name string) error {
 		oe.hint = "list namespaces with 'dedupnode namespace list' or create it with 'dedupnode namespace create " + name + "'"
 	}
 	return err
+}
+
+// nsFieldFlags tells, for each namespace setting a node may refuse, the
+// flags a user sets it with and the rule it broke, in those flags' terms.
+var nsFieldFlags = map[string]string{
+	"default_ttl_ms":   "the default TTL (--ttl) must be at least 1ms and at most the max TTL (--max-ttl)",
+	"default_lease_ms": "the default lease (--lease) must be at least 1ms and at most the max TTL (--max-ttl)",
+	"max_ttl_ms":       "the max TTL (--max-ttl) must be at least 1ms and at most 366d, and not below the default TTL (--ttl) or lease (--lease)",
+	"max_id_bytes":     "--max-id-bytes is out of range",
+}
+
+// nsSettingError restates a node's refusal of a namespace setting in
+// terms of the flags that set it (the node names its protobuf fields,
+// default_ttl_ms, in milliseconds), with the node's words at the end, as
+// ttlError does for a request's TTL. It returns nil when err is something
+// else.
+func nsSettingError(err error) error {
+	e := client.AsError(err)
+	rule, ok := nsFieldFlags[e.Field]
+	if e.Kind != client.ErrInvalidArgument || !ok {
+		return nil
+	}
+	return &opError{err: fmt.Errorf("%s; nothing applied (the node refused %s: %s)", rule, e.Field, e.Violation),
+		hint: "see 'dedupnode namespace describe NAME' for the current settings"}
 }

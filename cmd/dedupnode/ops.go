@@ -204,6 +204,15 @@ recorded or not.`,
 	return cmds
 }
 
+// answersNotErrors names, for the exit status paragraph of op's help, the
+// answers a user might take for failures.
+func answersNotErrors(op string) string {
+	if op == "check" {
+		return "seen and not_seen"
+	}
+	return "duplicate, conflict, in_progress, lease_lost"
+}
+
 func newOpCmd(e *env, o op) *cobra.Command {
 	f := &opFlags{}
 	args := "ID..."
@@ -223,7 +232,7 @@ with id, result and, when they apply, state, first_seen, expires_at,
 fencing_token and request_token.
 
 Exit status: 0 when every ID got an answer — whatever the answers are
-(duplicate, conflict, in_progress, lease_lost are results in the output, not
+(` + answersNotErrors(o.name) + ` are results in the output, not
 errors); 1 when a request failed (the lines printed before it stand, the
 IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		Example: strings.ReplaceAll(o.example, "dedupnode ", e.progName+" "),
