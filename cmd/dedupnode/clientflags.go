@@ -425,6 +425,20 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 	return &opError{err: errors.New(msg), hint: "see 'dedupnode status' and the node logs"}
 }
 
+// batchError blames --batch when the user raised it and a node refused the
+// whole request's item list (field "items" or "ids": its size, since every
+// ID was checked here first): the IDs were fine, the batches too large. It
+// returns nil otherwise.
+func batchError(err error, cmd *cobra.Command, n int) error {
+	e := client.AsError(err)
+	fl := cmd.Flags().Lookup("batch")
+	if e.Kind != client.ErrInvalidArgument || (e.Field != "items" && e.Field != "ids") || fl == nil || !fl.Changed {
+		return nil
+	}
+	return &opError{err: fmt.Errorf("--batch %s: the node refused a batch of %d IDs (%s); nothing of it applied", fl.Value.String(), n, e.Violation),
+		hint: "pass a smaller --batch (the node's limit is its serve --max-batch)"}
+}
+
 // ttlError rewords a TTL or lease out of its namespace's range in the terms
 // of the flag the user gave: "--ttl 8d exceeds the max TTL of namespace
 // default (7d)". It returns nil when err is something else or the flag was

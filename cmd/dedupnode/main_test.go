@@ -527,6 +527,16 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	if code != 0 || strings.Count(out, "\n") != 3 {
 		t.Fatalf("members: %d %q", code, out)
 	}
+	// A --batch above the node's limit is blamed, not the IDs.
+	var many strings.Builder
+	for i := range 10_001 {
+		fmt.Fprintf(&many, "batch-%d\n", i)
+	}
+	code, _, errs = runCLI(t, ctx, many.String(), "mark", "--addr", addrs, "--batch", "20000", "-")
+	if code != exitError || !strings.Contains(errs, "--batch 20000: the node refused a batch of 10001 IDs") || !strings.Contains(errs, "smaller --batch") {
+		t.Fatalf("--batch over the node's limit: exit %d stderr %q", code, errs)
+	}
+	assertOneLine(t, errs)
 	code, _, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "--ttl", "3650d", "x")
 	if code != exitError || !strings.Contains(errs, "nothing applied") || !strings.Contains(errs, "--ttl 3650d exceeds 366d") || strings.Contains(errs, `"*"`) {
 		t.Fatalf("ttl over max: exit %d stderr %q", code, errs)

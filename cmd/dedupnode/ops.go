@@ -321,6 +321,9 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 			if te := ttlError(err, cmd); te != nil {
 				return te
 			}
+			if be := batchError(err, cmd, len(b.entries)); be != nil {
+				return be
+			}
 			return explainBatch(err, &f.clientFlags, f.namespace, b, o.read)
 		}
 		f.answered.Store(true)
