@@ -66,6 +66,7 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 	}{
 		{"no command", nil, "no command"},
 		{"unknown command", []string{"mrak", "x"}, "unknown command"},
+		{"unknown command close to one", []string{"marc", "x"}, `unknown command "marc" for "dedupnode" (did you mean mark?)`},
 		{"unknown flag", []string{"mark", "--bogus", "x"}, "unknown flag"},
 		{"no ids", []string{"mark"}, "no IDs given: pass them as arguments, or - to read them"},
 		{"empty id", []string{"mark", "a", ""}, "empty ID"},

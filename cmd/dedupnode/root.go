@@ -109,6 +109,13 @@ func runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command,
 // oneLine folds a multi-line message (cobra's suggestions, wrapped errors)
 // into one line.
 func oneLine(s string) string {
+	// Cobra's "unknown command" error lists its suggestions on lines of
+	// their own under "Did you mean this?": fold them into a question.
+	if head, sugg, ok := strings.Cut(s, "Did you mean this?"); ok {
+		if names := strings.Fields(sugg); len(names) > 0 {
+			return oneLine(head) + " (did you mean " + strings.Join(names, " or ") + "?)"
+		}
+	}
 	fields := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
 	for i := range fields {
 		fields[i] = strings.TrimSpace(fields[i])
