@@ -354,7 +354,8 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	code, out, errs := runCLI(t, ctx, "order-2\norder-3\n", "mark", "--addr", addrs, "order-1", "-")
+	// Blank lines on stdin (empty, spaces, a CRLF's CR) are no IDs.
+	code, out, errs := runCLI(t, ctx, "order-2\n\n  \t\norder-3\r\n", "mark", "--addr", addrs, "order-1", "-")
 	if code != 0 {
 		t.Fatalf("mark: exit %d: %s", code, errs)
 	}

@@ -224,7 +224,7 @@ func newOpCmd(e *env, o op) *cobra.Command {
 		Short: o.short,
 		Long: o.long + `
 
-IDs come as arguments, or one per line on standard input with "-" (empty
+IDs come as arguments, or one per line on standard input with "-" (blank
 lines are skipped; an empty argument is a usage error). Output: one line per
 ID: the ID, a tab, the result, then tab-separated details (state=leased,
 fencing_token, expires_at); --output json prints one JSON object per line
@@ -379,7 +379,7 @@ func (b batch) span() string { return span(b.from[0], b.from[len(b.from)-1]) }
 func (b batch) sentSpan() string { return span(b.first, b.prev) }
 
 // batches calls fn with the entries of args in order, at most n at a time;
-// an argument "-" stands for the lines of stdin (empty lines skipped). Each
+// an argument "-" stands for the lines of stdin (blank lines skipped). Each
 // batch says where its entries came from, so that an error can name the
 // input line rather than the position in the request.
 func batches(args []string, stdin io.Reader, n int, fn func(batch) error) error {
@@ -420,8 +420,8 @@ func batches(args []string, stdin io.Reader, n int, fn func(batch) error) error 
 		sc.Buffer(make([]byte, 64*1024), 1<<20)
 		for line := 1; sc.Scan(); line++ {
 			text := strings.TrimRight(sc.Text(), "\r")
-			if text == "" {
-				continue
+			if strings.TrimSpace(text) == "" {
+				continue // blank: IDs keep their spaces, but a line of only spaces is no ID
 			}
 			if err := add(text, source{arg: i + 1, line: line}); err != nil {
 				return err
