@@ -453,13 +453,12 @@ func ttlError(err error, cmd *cobra.Command) error {
 	if flag == "" || fl == nil || !fl.Changed {
 		return nil
 	}
-	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
-	if e.Namespace != "" {
-		return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), e.Namespace, limit),
-			hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, e.Namespace)}
+	if e.Namespace == "" {
+		return nil // over every namespace's limit: refused before sending (runOp)
 	}
-	return &opError{err: fmt.Errorf("--%s %s exceeds %s, the largest max TTL a namespace can have; nothing applied", flag, fl.Value.String(), limit),
-		hint: fmt.Sprintf("pass a shorter --%s", flag)}
+	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
+	return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), e.Namespace, limit),
+		hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, e.Namespace)}
 }
 
 // durationValue is a pflag.Value for durations that also accepts a "d"

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/spf13/cobra"
 )
 
@@ -284,6 +285,20 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	for _, name := range []string{"ttl", "lease"} {
 		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed && fl.Value.String() == "" {
 			return usagef("--%s 0: omit --%s for the namespace's default %s", name, name, name)
+		}
+	}
+	// Limits that hold in every namespace are checked here, so that such
+	// input is a usage error and nothing is sent (a namespace's own
+	// limits, its max TTL and ID size, only its nodes know).
+	for name, d := range map[string]time.Duration{"ttl": f.ttl, "lease": f.lease} {
+		if d.Milliseconds() > fsm.MaxTTLLimitMs {
+			return usagef("--%s %s exceeds %s, the largest max TTL a namespace can have", name, fmtDuration(d), fmtDuration(time.Duration(fsm.MaxTTLLimitMs)*time.Millisecond))
+		}
+	}
+	if cmd.Flags().Changed("namespace") {
+		var inv *fsm.InvalidError
+		if err := fsm.ValidateNamespaceName(f.namespace); errors.As(err, &inv) {
+			return usagef("--namespace: %s", inv.Reason)
 		}
 	}
 	if o.fencing && cmd.Flags().Changed("fencing-token") && f.fencingToken == 0 {
