@@ -291,9 +291,10 @@ func GetCopy(r pebble.Reader, key []byte) (val []byte, found bool, err error) {
 }
 
 // GetRecordInto appends the value of the record at key to dst, returning
-// found=false if absent. Lookups that do not run under one lock from the
-// first to the last read it (a Check) read through it; the applier reads
-// through a RecordReader. Most lookups are of absent keys: IDs our Bloom
+// found=false if absent, through an iterator of its own: for reads that
+// cannot keep one between them (a Check releases the FSM's lock between
+// its IDs); the applier reads through a RecordReader. Most lookups are of
+// absent keys: IDs our Bloom
 // filters answered "maybe" for, nearly always a false positive. Pebble's
 // Get skips the sstable filters of the last level (L6), whose blocks
 // CockroachDB's Gets rarely pay for; here every false positive would then
