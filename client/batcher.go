@@ -89,7 +89,9 @@ func WithBatchTransport(t Transport) BatcherOption {
 // caller's ID too long for the namespace, or ResourceExhausted when the
 // server's --max-batch is smaller than WithMaxBatch) applied nothing; the
 // Batcher then splits it and sends the halves again, so that only the
-// caller whose input is bad gets the error.
+// caller whose input is bad gets the error. A call the client refuses by
+// itself (an empty ID) never joins a batch: it fails at once, with the
+// error of the unbatched call for that one ID, and nothing is sent.
 //
 // A call returns when its batch was answered or its own context ended,
 // whichever comes first. A batch in flight is cancelled once every caller
@@ -254,6 +256,13 @@ func (b *Batcher) do(ctx context.Context, key groupKey, cl *call) (Result, error
 	if err := ctx.Err(); err != nil {
 		return Result{ID: cl.id}, fmt.Errorf("dedupnode %s: %w", key.op, err)
 	}
+	if len(cl.id) == 0 {
+		// Refused before sending, as the unbatched call for it alone is
+		// (with its checks in their order), so that it cannot fail the
+		// batch of others.
+		_, err := b.rpc(ctx, key, []*call{cl})
+		return Result{ID: cl.id}, err
+	}
 	cl.ctx = ctx
 	cl.done = make(chan callResult, 1)
 	b.mu.Lock()
@@ -373,7 +382,7 @@ func (b *Batcher) sendSplitting(ctx context.Context, key groupKey, calls []*call
 	b.rpcs.Add(1)
 	b.items.Add(uint64(len(calls)))
 	res, err := b.rpc(ctx, key, calls)
-	if err != nil && len(calls) > 1 && ctx.Err() == nil {
+	if err != nil && len(calls) > 1 && ctx.Err() == nil && !refusedByClient(err) {
 		switch status.Code(err) {
 		case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange:
 			half := len(calls) / 2
@@ -389,6 +398,14 @@ func (b *Batcher) sendSplitting(ctx context.Context, key groupKey, calls []*call
 		}
 		cl.done <- callResult{res: res[i]}
 	}
+}
+
+// refusedByClient: the client refused the request itself, for what the
+// whole batch shares (its TTL, lease or max staleness; an empty ID never
+// joins a batch): every half would be refused alike.
+func refusedByClient(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.err == nil && e.Kind == ErrInvalidArgument
 }
 
 func (b *Batcher) rpc(ctx context.Context, key groupKey, calls []*call) ([]Result, error) {

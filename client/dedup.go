@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
@@ -38,8 +37,8 @@ func (c *Client) staleness(consistency Consistency) (time.Duration, error) {
 		return 0, nil
 	}
 	if c.opts.maxStaleness == 0 {
-		return 0, &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
-			Message: "consistency bounded needs a max staleness: create the client WithMaxStaleness(d), or call CheckBounded"}
+		return 0, invalidArgument("check", "max_staleness", 0,
+			"required by consistency bounded: create the client WithMaxStaleness(d), or call CheckBounded")
 	}
 	if err := validStaleness(c.opts.maxStaleness); err != nil {
 		return 0, err
@@ -48,9 +47,13 @@ func (c *Client) staleness(consistency Consistency) (time.Duration, error) {
 }
 
 func validStaleness(d time.Duration) error {
-	if d <= 0 || d%time.Millisecond != 0 {
-		return &Error{Op: "check", Kind: ErrInvalidArgument, Code: codes.InvalidArgument, Field: "max_staleness",
-			Message: fmt.Sprintf("max staleness %v: want a positive whole number of milliseconds, e.g. 5s", d)}
+	const want = "a positive whole number of milliseconds, e.g. 5s"
+	v := durationViolation(d, want)
+	if v == "" && d == 0 {
+		v = "0s is not above 0; want " + want
+	}
+	if v != "" {
+		return invalidArgument("check", "max_staleness", 0, v)
 	}
 	return nil
 }
@@ -69,6 +72,9 @@ func (c *Client) CheckBounded(ctx context.Context, namespace string, ids [][]byt
 // check sends a Check routed by consistency (addr ""), or as one attempt
 // on the node at addr.
 func (c *Client) check(ctx context.Context, addr, namespace string, ids [][]byte, consistency Consistency, maxStaleness time.Duration) ([]Result, ReadPath, error) {
+	if err := validIDs("check", ids); err != nil {
+		return nil, ReadPathUnknown, err
+	}
 	req := &dedupv1.CheckRequest{Namespace: namespace, Ids: ids, Consistency: consistency.proto(), MaxStalenessMs: maxStaleness.Milliseconds(), Compact: true}
 	var resp *dedupv1.CheckResponse
 	err := c.send(ctx, "check", addr, c.readTarget(consistency != Linearizable), func(ctx context.Context, d dedupv1.DedupClient) (err error) {
@@ -130,6 +136,9 @@ func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item,
 	if err != nil {
 		return nil, err
 	}
+	if err := validItemIDs("mark", items); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.MarkRequest{Namespace: namespace, Items: make([]*dedupv1.MarkItem, len(items)), TtlMs: ttlMs, RequestToken: token, Compact: true}
 	pb := make([]dedupv1.MarkItem, len(items)) // one allocation for the batch
 	for i, it := range items {
@@ -166,6 +175,9 @@ func (c *Client) claim(ctx context.Context, addr, namespace string, items []Item
 	if err != nil {
 		return nil, err
 	}
+	if err := validItemIDs("claim", items); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.ClaimRequest{Namespace: namespace, Items: make([]*dedupv1.ClaimItem, len(items)), LeaseMs: leaseMs, RequestToken: token}
 	pb := make([]dedupv1.ClaimItem, len(items))
 	for i, it := range items {
@@ -198,6 +210,9 @@ func (c *Client) commit(ctx context.Context, addr, namespace string, leases []Le
 	if err != nil {
 		return nil, err
 	}
+	if err := validLeaseIDs("commit", leases); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.CommitRequest{Namespace: namespace, Items: leaseItems(leases), TtlMs: ttlMs}
 	return c.leaseCall(ctx, "commit", addr, leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Commit(ctx, req)
@@ -211,6 +226,9 @@ func (c *Client) Renew(ctx context.Context, namespace string, leases []Lease, le
 	if err != nil {
 		return nil, err
 	}
+	if err := validLeaseIDs("renew", leases); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.RenewRequest{Namespace: namespace, Items: leaseItems(leases), LeaseMs: leaseMs}
 	return c.leaseCall(ctx, "renew", "", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Renew(ctx, req)
@@ -220,6 +238,9 @@ func (c *Client) Renew(ctx context.Context, namespace string, leases []Lease, le
 // Release drops held leases after failed processing so that a redelivery
 // can claim at once: CodeOK, or CodeLeaseLost.
 func (c *Client) Release(ctx context.Context, namespace string, leases []Lease) ([]Result, error) {
+	if err := validLeaseIDs("release", leases); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.ReleaseRequest{Namespace: namespace, Items: leaseItems(leases)}
 	return c.leaseCall(ctx, "release", "", leases, func(ctx context.Context, cl dedupv1.DedupClient) (*dedupv1.LeaseResponse, error) {
 		return cl.Release(ctx, req)
@@ -229,6 +250,9 @@ func (c *Client) Release(ctx context.Context, namespace string, leases []Lease) 
 // Forget removes IDs (operator use) so that they can be processed again:
 // CodeOK for each, recorded or not.
 func (c *Client) Forget(ctx context.Context, namespace string, ids [][]byte) ([]Result, error) {
+	if err := validIDs("forget", ids); err != nil {
+		return nil, err
+	}
 	req := &dedupv1.ForgetRequest{Namespace: namespace, Ids: ids}
 	var resp *dedupv1.ForgetResponse
 	err := c.invoke(ctx, "forget", toLeader, func(ctx context.Context, cc *grpc.ClientConn) (err error) {

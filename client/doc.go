@@ -16,6 +16,10 @@
 // Invalid input (an empty or too long ID, an unknown namespace, a TTL out
 // of range, an oversized batch) fails the whole call with gRPC code
 // InvalidArgument, NotFound or ResourceExhausted; nothing of it is applied.
+// What every node refuses alike, an empty ID or a TTL or lease that is not
+// whole milliseconds, the client refuses itself before dialling or sending
+// anything, with the same *[Error] a node's answer gives (ErrInvalidArgument,
+// Field, Violation, Item); limits a node or namespace sets are its to check.
 //
 // # Routing, retries and request tokens
 //

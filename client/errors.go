@@ -154,8 +154,10 @@ func (e *Error) Unwrap() []error {
 
 // GRPCStatus is the last attempt's status (for status.Code and FromError).
 func (e *Error) GRPCStatus() *status.Status {
-	if st, ok := status.FromError(e.err); ok {
-		return st
+	if e.err != nil {
+		if st, ok := status.FromError(e.err); ok {
+			return st
+		}
 	}
 	if e.ctxErr != nil {
 		return status.FromContextError(e.ctxErr)

@@ -2,8 +2,6 @@ package client
 
 import (
 	"fmt"
-
-	"google.golang.org/grpc/codes"
 	"time"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
