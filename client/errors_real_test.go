@@ -12,44 +12,6 @@ import (
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
-// Issue 14: a TTL or lease that is not a whole number of milliseconds is
-// refused before anything is sent (500µs used to become 0, "the namespace
-// default": a 24 h record), and so is a negative one.
-func TestDurationsNotWholeMillisecondsAreRefused(t *testing.T) {
-	ctx := testCtx(t, 10*time.Second)
-	// Nothing listens here: an error other than ErrInvalidArgument would
-	// mean the client tried to send.
-	c, err := client.New(ctx, []string{"127.0.0.1:1"}, client.WithRetry(1, 0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	item := []client.Item{{ID: []byte("x")}}
-	lease := []client.Lease{{ID: []byte("x"), FencingToken: 1}}
-	calls := []struct {
-		name, field string
-		call        func() error
-	}{
-		{"mark 500µs", "ttl", func() error { _, err := c.Mark(ctx, "", item, 500*time.Microsecond); return err }},
-		{"mark 1.9ms", "ttl", func() error { _, err := c.Mark(ctx, "", item, 1900*time.Microsecond); return err }},
-		{"mark -1ms", "ttl", func() error { _, err := c.Mark(ctx, "", item, -time.Millisecond); return err }},
-		{"claim 999µs", "lease", func() error { _, err := c.Claim(ctx, "", item, 999*time.Microsecond); return err }},
-		{"commit 1.5ms", "ttl", func() error { _, err := c.Commit(ctx, "", lease, 1500*time.Microsecond); return err }},
-		{"renew 10.5ms", "lease", func() error { _, err := c.Renew(ctx, "", lease, 10500*time.Microsecond); return err }},
-		{"create namespace", "default_ttl", func() error {
-			_, err := c.CreateNamespace(ctx, client.Namespace{Name: "x", DefaultTTL: 1500 * time.Microsecond})
-			return err
-		}},
-	}
-	for _, tc := range calls {
-		err := tc.call()
-		var e *client.Error
-		if !errors.As(err, &e) || !errors.Is(err, client.ErrInvalidArgument) || e.Field != tc.field {
-			t.Errorf("%s: %v, want ErrInvalidArgument on field %s", tc.name, err, tc.field)
-		}
-	}
-}
-
 // An invalid item's error says which item it is, typed (Error.Item,
 // counting from 1) and without the field in the violation's words, so a
 // caller can name the item in its own terms (the CLI names the input line)

@@ -256,9 +256,11 @@ func TestBatcherRefusesAnEmptyIDWithoutFailingOthers(t *testing.T) {
 	}
 }
 
-// A TTL, lease or max staleness the client refuses itself says what is
-// wrong with it, as a node's violation does (the report: Field "ttl" and
-// an empty Violation for a TTL of -5s or 1.5ms).
+// A TTL, lease or max staleness that is negative or not a whole number of
+// milliseconds is refused before anything is sent (issue 14: 500µs used
+// to become 0, "the namespace default", a 24 h record), and the error
+// says what is wrong with it, as a node's violation does (a new user found
+// Field "ttl" with an empty Violation for a TTL of -5s or 1.5ms).
 func TestClientSideDurationErrorsSayWhatIsWrong(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	c, err := client.New(ctx, []string{"127.0.0.1:1"}, client.WithRetry(1, 0, 0))
