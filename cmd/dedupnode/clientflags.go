@@ -426,9 +426,9 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 }
 
 // batchError blames --batch when the user raised it and a node refused the
-// whole request's item list (field "items" or "ids": its size, since every
-// ID was checked here first): the IDs were fine, the batches too large. It
-// returns nil otherwise.
+// request's item list as a whole (field "items" or "ids" with no index: a
+// non-empty list is refused only for its size): the IDs were fine, the
+// batches too large. It returns nil otherwise.
 func batchError(err error, cmd *cobra.Command, n int) error {
 	e := client.AsError(err)
 	fl := cmd.Flags().Lookup("batch")
