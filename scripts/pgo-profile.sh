@@ -24,8 +24,14 @@ OUT=$ROOT/cmd/dedupnode/default.pgo
 SCALE=1
 while [[ $# -gt 0 ]]; do
 	case $1 in
-	--out) OUT=$2; shift 2 ;;
-	--scale) SCALE=$2; shift 2 ;;
+	--out | --scale)
+		if [[ $# -lt 2 ]]; then
+			echo "pgo-profile.sh: $1 needs a value (see --help)" >&2
+			exit 2
+		fi
+		if [[ $1 == --out ]]; then OUT=$2; else SCALE=$2; fi
+		shift 2
+		;;
 	-h | --help) sed -n '2,/^set -/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "pgo-profile.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
