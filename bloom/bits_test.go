@@ -622,10 +622,42 @@ func TestCompactionCandidatesSkipsEfficientAndGrowingChains(t *testing.T) {
 	if f.chains[k].compactedN != 1500 {
 		t.Fatal("recompacted for 10 new IDs")
 	}
-	add(1510, 6100) // 4×: compacted even though not quiet
+	// The quiet compaction freed the chain's hash log, so growing 4× now
+	// would mean re-reading the bucket from storage under load: the chain
+	// grows segments instead, and is compacted once the bucket stops.
+	if f.chains[k].log != nil {
+		t.Fatal("a settled chain kept its hash log")
+	}
+	add(1510, 6100)
 	live[k] = 6100
+	if n := compactNow(f, live); n != 0 {
+		t.Fatal("a growing chain without a hash log was compacted from storage")
+	}
 	if n := compactNow(f, live); n != 1 {
-		t.Fatal("a chain grown 4× was not compacted")
+		t.Fatal("a chain without a hash log was not compacted once its bucket stopped")
+	}
+}
+
+// A chain that keeps its hash log is compacted while it grows, each time
+// it has grown 4×, from the log alone.
+func TestGrowingChainWithAHashLogIsCompactedFromIt(t *testing.T) {
+	f, k, add := oneBucket()
+	live := liveSet{k: 0}
+	add(0, 4000) // 4× the blind filter's 1000, with no poll in between
+	live[k] = 4000
+	if f.chains[k].log == nil {
+		t.Fatal("a growing chain keeps no hash log")
+	}
+	keys := f.CompactionCandidates(live.get, 1, nil)
+	if len(keys) != 1 || keys[0] != k {
+		t.Fatalf("candidates %v, want the chain grown 4×", keys)
+	}
+	cp := f.BeginCompact(k, live[k])
+	if !cp.HasLog() || !cp.FromLog() || !cp.Finish() {
+		t.Fatal("the growth compaction did not run from the hash log")
+	}
+	if got := len(f.chains[k].segs); got != 1 {
+		t.Fatalf("chain has %d segments after compaction, want 1", got)
 	}
 }
 

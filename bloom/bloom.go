@@ -14,8 +14,8 @@
 // below the configured one. Such a chain costs 20–25 bits per ID where one
 // right-sized filter costs 9.86, so the owner compacts it (BeginCompact)
 // into one filter sized for the bucket's live IDs, rebuilt from the hashes
-// the chain logged (FromLog) or else from storage, each time it has grown
-// 4× and once the bucket stops growing.
+// the chain logged (FromLog) each time it has grown 4×, and from the log
+// or else from storage once the bucket stops growing.
 //
 // A Filters value is safe for concurrent use.
 package bloom
@@ -43,8 +43,9 @@ type Config struct {
 	// scan of storage (8-byte slots, counted as allocated; default
 	// 4 194 304, 32 MiB; negative: none). Chains created by a rebuild
 	// (AddIfLive) keep none: they are sized from their bucket's count. A
-	// chain that would pass the bound stops logging and is compacted from
-	// storage from then on. A chain's log is freed once its bucket stopped
+	// chain that would pass the bound stops logging, grows segments while
+	// its bucket grows, and is compacted from storage once the bucket
+	// stops. A chain's log is freed once its bucket stopped
 	// growing (CompactionCandidates' quietCalls) and the chain needs no
 	// compaction, when it goes stale (BeginCompact), and with the chain.
 	LogIDs int
@@ -358,7 +359,7 @@ func (f *Filters) growLocked(c *chain, sizeHint uint) {
 }
 
 // dropLogLocked frees c's log: the chain is compacted from storage from
-// now on.
+// now on, and only once its bucket stops growing.
 func (f *Filters) dropLogLocked(c *chain) {
 	if c.log != nil {
 		f.logged -= c.log.slots
