@@ -53,7 +53,7 @@ func (f *Filters) idealBits(n uint) uint64 {
 //     stopped) and, if it was compacted so before, its ID count changed
 //     by 10% since, or
 //   - it grew 4× since it was last compacted (or since its first filter)
-//     and keeps a hash log, so a bucket that keeps growing is compacted
+//     and keeps a hash log that covers it, so a bucket that keeps growing is compacted
 //     O(log n) times, re-adding each logged hash 1/3 of a time in all
 //     (and its IDs are read once more when it stops). A growing chain
 //     without a log waits for its bucket to stop rather than re-read it
