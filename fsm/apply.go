@@ -126,13 +126,17 @@ type applier struct {
 	kbuf []byte
 	vbuf []byte
 	// hot is the bucket most recently written to and hotN the records
-	// added to it and not yet counted in st.counts (whose entry for hot
-	// exists): consecutive new records nearly always share a bucket, so
-	// this saves two map updates per record. foldHot adds hotN to
-	// st.counts before anything else reads or changes that count.
-	hot    bloom.Key
-	hotN   uint64
-	hotSet bool
+	// added to it and not yet counted in st.registry (whose entry for hot
+	// exists; hotInserts and hotShift are its inserts and shift when it
+	// became hot): consecutive new records nearly always share a bucket,
+	// so this saves two map updates per record. foldHot adds hotN to the
+	// entry before anything else changes it; readers inside apply see it
+	// through bucketEntryLocked.
+	hot        bloom.Key
+	hotN       uint64
+	hotInserts uint64
+	hotShift   uint8
+	hotSet     bool
 }
 
 // maxReusedOverlay bounds the overlay kept between flushes: one that grew
@@ -180,6 +184,7 @@ func (a *applier) clearPending() {
 type ovEntry struct {
 	rec     Record
 	bucket  uint64
+	loc     storage.Loc
 	present bool
 }
 
@@ -594,6 +599,7 @@ func lost(rec Record, live bool) ItemResult {
 // lookup finds the stored record of id in ns, if any (live or not); see
 // FSM.lookupLocked. A record read from the database is cloned.
 func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, bool) {
+	a.sc.loc = storage.LegacyLoc
 	rec, bucket, found, fromDB, err := a.f.lookupLocked(ns, id, hkey, &a.sc)
 	must(err)
 	if found && fromDB {
@@ -602,64 +608,80 @@ func (a *applier) lookup(ns *NamespaceConfig, id, hkey []byte) (Record, uint64, 
 	return rec, bucket, found
 }
 
-// write stores rec for id, moving it out of oldBucket if it lived there.
-// REQUIRES: id is the current item's (a.hbuf and a.sc.probe are its).
+// write stores rec for id, moving it out of oldBucket if it lived there:
+// a record that stays in its bucket keeps its key (a.sc.loc, where lookup
+// found it); a new or moved one goes to its bucket's current window.
+// REQUIRES: id is the current item's (a.hbuf and a.sc.probe are its, and
+// lookup was its last).
 // The overlay copies rec's byte slices (they alias the command).
 func (a *applier) write(ns *NamespaceConfig, id []byte, had bool, oldBucket uint64, rec *Record) {
 	nb := uint64(rec.ExpiresMs / ns.BucketWidthMs)
+	loc := a.sc.loc
 	if had && oldBucket != nb {
-		a.deleteKey(ns, id, oldBucket)
+		a.deleteKey(ns, id, oldBucket, loc)
 	}
 	if !had || oldBucket != nb {
-		a.addToBucket(ns.ID, nb)
+		loc = a.addToBucket(ns.ID, nb)
 		a.f.filters.AddProbe(bloom.Key{Namespace: ns.ID, Bucket: nb}, &a.sc.probe)
 	}
 	// The record goes to the batch at commit (appendRecords), from the
 	// overlay: only its last version, in key order.
-	a.ov.put(a.hbuf, ovEntry{rec: *rec, bucket: nb, present: true})
+	a.ov.put(a.hbuf, ovEntry{rec: *rec, bucket: nb, loc: loc, present: true})
 }
 
-// remove deletes id's record. REQUIRES: id is the current item's.
+// remove deletes id's record. REQUIRES: id is the current item's, and
+// lookup found it.
 func (a *applier) remove(ns *NamespaceConfig, id []byte, bucket uint64) {
-	a.deleteKey(ns, id, bucket)
+	a.deleteKey(ns, id, bucket, a.sc.loc)
 	a.ov.put(a.hbuf, ovEntry{})
 }
 
-func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64) {
+func (a *applier) deleteKey(ns *NamespaceConfig, id []byte, bucket uint64, loc storage.Loc) {
 	a.foldHot()
-	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, bucket, id)
+	a.kbuf = storage.AppendRecordKey(a.kbuf[:0], ns.ID, bucket, loc, id)
 	must(a.b.Delete(a.kbuf, nil))
 	k := bloom.Key{Namespace: ns.ID, Bucket: bucket}
-	if n, ok := a.f.st.counts[k]; ok && n > 0 {
-		a.f.st.counts[k] = n - 1
+	if e, ok := a.f.st.registry[k]; ok && e.count > 0 {
+		e.count--
+		a.f.st.registry[k] = e
 		a.dirty[k] = struct{}{}
 	}
 }
 
-func (a *applier) addToBucket(nsID uint32, bucket uint64) {
+// addToBucket counts a new record in (nsID, bucket) and returns its key's
+// place there: the bucket's current window.
+func (a *applier) addToBucket(nsID uint32, bucket uint64) storage.Loc {
 	k := bloom.Key{Namespace: nsID, Bucket: bucket}
 	if a.hotSet && a.hot == k {
+		loc := storage.WindowLoc(uint32((a.hotInserts + a.hotN) >> a.hotShift))
 		a.hotN++
-		return
+		return loc
 	}
 	a.foldHot()
 	st := &a.f.st
-	if _, ok := st.counts[k]; !ok {
+	e, ok := st.registry[k]
+	if !ok {
 		bs := st.buckets[nsID]
 		i, _ := slices.BinarySearch(bs, bucket)
 		st.buckets[nsID] = slices.Insert(bs, i, bucket)
-		st.counts[k] = 0
+		e = bucketEntry{shift: a.f.windowShift}
+		st.registry[k] = e
 	}
 	a.hot, a.hotN, a.hotSet = k, 1, true
+	a.hotInserts, a.hotShift = e.inserts, e.shift
+	return e.nextLoc()
 }
 
-// foldHot adds the pending count of the hot bucket to st.counts.
+// foldHot adds the pending records of the hot bucket to its registry
+// entry.
 func (a *applier) foldHot() {
 	if !a.hotSet {
 		return
 	}
-	if _, ok := a.f.st.counts[a.hot]; ok && a.hotN > 0 {
-		a.f.st.counts[a.hot] += a.hotN
+	if e, ok := a.f.st.registry[a.hot]; ok && a.hotN > 0 {
+		e.count += a.hotN
+		e.inserts += a.hotN
+		a.f.st.registry[a.hot] = e
 		a.dirty[a.hot] = struct{}{}
 	}
 	a.hot, a.hotN, a.hotSet = bloom.Key{}, 0, false
@@ -668,11 +690,11 @@ func (a *applier) foldHot() {
 // flushCounts writes the registry entries of buckets touched in this batch.
 func (a *applier) flushCounts() {
 	for k := range a.dirty {
-		n, ok := a.f.st.counts[k]
+		e, ok := a.f.st.registry[k]
 		if !ok {
 			continue // dropped in this batch
 		}
-		must(a.b.Set(storage.BucketKey(k.Namespace, k.Bucket), encodeUvarint(n), nil))
+		must(a.b.Set(storage.BucketKey(k.Namespace, k.Bucket), appendBucketEntry(nil, e), nil))
 	}
 }
 
@@ -698,14 +720,18 @@ func (a *applier) dropExpired() {
 
 func (a *applier) dropBucket(nsID uint32, bucket uint64) {
 	a.foldHot()
-	start, end := storage.BucketRange(nsID, bucket)
-	must(a.b.DeleteRange(start, end, nil))
-	must(a.b.Delete(storage.BucketKey(nsID, bucket), nil))
 	k := bloom.Key{Namespace: nsID, Bucket: bucket}
-	delete(a.f.st.counts, k)
+	for i, r := range storage.BucketRanges(nsID, bucket) {
+		if i == 0 && !a.f.st.registry[k].legacy {
+			continue // no legacy key was ever written in this bucket
+		}
+		must(a.b.DeleteRange(r.Start, r.End, nil))
+		a.dropped = append(a.dropped, keyRange{r.Start, r.End})
+	}
+	must(a.b.Delete(storage.BucketKey(nsID, bucket), nil))
+	delete(a.f.st.registry, k)
 	delete(a.dirty, k)
 	a.f.filters.Drop(k)
-	a.dropped = append(a.dropped, keyRange{start, end})
 }
 
 // raiseFenceEpoch sets the fencing epoch to max(current, epoch).
@@ -767,12 +793,15 @@ func (a *applier) deleteNamespace(name string) OpResult {
 		return OpResult{Err: &NamespaceError{Name: name, Err: ErrNamespaceNotFound}}
 	}
 	a.foldHot()
-	start, end := storage.NamespaceRecordsRange(ns.ID)
-	must(a.b.DeleteRange(start, end, nil))
+	ranges := storage.NamespaceRecordRanges(ns.ID)
+	for _, r := range ranges {
+		must(a.b.DeleteRange(r.Start, r.End, nil))
+		a.dropped = append(a.dropped, keyRange{r.Start, r.End})
+	}
 	for _, b := range st.buckets[ns.ID] {
 		must(a.b.Delete(storage.BucketKey(ns.ID, b), nil))
 		k := bloom.Key{Namespace: ns.ID, Bucket: b}
-		delete(st.counts, k)
+		delete(st.registry, k)
 		delete(a.dirty, k)
 	}
 	delete(st.buckets, ns.ID)
@@ -782,6 +811,5 @@ func (a *applier) deleteNamespace(name string) OpResult {
 	must(a.b.Delete(storage.NamespaceKey(name), nil))
 	delete(st.namespaces, name)
 	delete(st.nsByID, ns.ID)
-	a.dropped = append(a.dropped, keyRange{start, end})
 	return OpResult{Namespace: *ns}
 }

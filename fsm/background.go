@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -90,33 +91,37 @@ func (bg *background) stop() {
 // rebuildFilters adds every record in snap to the filters, in chunks that
 // take f.mu shared (lock order: f.mu, then the filters' own lock).
 func (f *FSM) rebuildFilters(ctx context.Context, snap *pebble.Snapshot) error {
-	lower := []byte{storage.PrefixRecord}
-	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: storage.PrefixEnd(lower)})
-	if err != nil {
-		return err
-	}
-	defer it.Close()
 	var hkey []byte
-	live := func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
+	live := func(k bloom.Key) bool { _, ok := f.st.registry[k]; return ok }
 	// Each chain's first filter is sized for its bucket's record count, so
 	// a rebuilt bucket has one filter, not a chain of doublings.
-	size := func(k bloom.Key) uint { return uint(f.st.counts[k]) }
-	it.First()
-	for it.Valid() {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	size := func(k bloom.Key) uint { return uint(f.st.registry[k].count) }
+	for _, r := range storage.RecordRanges() {
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: r.Start, UpperBound: r.End})
+		if err != nil {
+			return err
 		}
-		f.mu.RLock()
-		for i := 0; i < 4096 && it.Valid(); i++ {
-			nsID, b, id, ok := storage.ParseRecordKey(it.Key())
-			if ok {
-				hkey = bloom.HashKey(hkey[:0], nsID, id)
-				k := bloom.Key{Namespace: nsID, Bucket: b}
-				f.filters.AddIfLive(k, hkey, size(k), live)
+		it.First()
+		for it.Valid() {
+			if ctx.Err() != nil {
+				it.Close()
+				return ctx.Err()
 			}
-			it.Next()
+			f.mu.RLock()
+			for i := 0; i < 4096 && it.Valid(); i++ {
+				nsID, b, _, id, ok := storage.ParseRecordKey(it.Key())
+				if ok {
+					hkey = bloom.HashKey(hkey[:0], nsID, id)
+					k := bloom.Key{Namespace: nsID, Bucket: b}
+					f.filters.AddIfLive(k, hkey, size(k), live)
+				}
+				it.Next()
+			}
+			f.mu.RUnlock()
 		}
-		f.mu.RUnlock()
+		if err := errors.Join(it.Error(), it.Close()); err != nil {
+			return err
+		}
 	}
-	return it.Error()
+	return nil
 }

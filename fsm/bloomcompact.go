@@ -74,8 +74,8 @@ func (bg *background) bloomCompactor(ctx context.Context, f *FSM) {
 func (f *FSM) compactFilters(ctx context.Context) error {
 	f.mu.RLock()
 	keys := f.filters.CompactionCandidates(func(k bloom.Key) (uint, bool) {
-		n, ok := f.st.counts[k]
-		return uint(n), ok
+		e, ok := f.st.registry[k]
+		return uint(e.count), ok
 	}, f.bloomQuietPolls(), nil)
 	f.mu.RUnlock()
 	for _, k := range keys {
@@ -92,10 +92,10 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 	// snapshot, in the write buffer (added here), or added after
 	// BeginCompact (and so OR-ed in by Finish): no false negative.
 	f.mu.RLock()
-	n, live := f.st.counts[k]
+	e, live := f.st.registry[k]
 	var cp *bloom.Compaction
 	if live {
-		cp = f.filters.BeginCompact(k, uint(n))
+		cp = f.filters.BeginCompact(k, uint(e.count))
 	}
 	if cp == nil {
 		f.mu.RUnlock()
@@ -128,26 +128,27 @@ func (f *FSM) compactChain(ctx context.Context, k bloom.Key) error {
 	snap := f.db.NewSnapshot()
 	f.mu.RUnlock()
 	defer snap.Close()
-	start, end := storage.BucketRange(k.Namespace, k.Bucket)
-	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
-	if err != nil {
-		cp.Abort()
-		return err
-	}
 	var hkey []byte
 	i := 0
-	for it.First(); it.Valid(); it.Next() {
-		if i++; i%4096 == 0 && ctx.Err() != nil {
-			break
+	for _, r := range storage.BucketRanges(k.Namespace, k.Bucket) {
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: r.Start, UpperBound: r.End})
+		if err != nil {
+			cp.Abort()
+			return err
 		}
-		if _, _, id, ok := storage.ParseRecordKey(it.Key()); ok {
-			hkey = bloom.HashKey(hkey[:0], k.Namespace, id)
-			cp.Add(hkey)
+		for it.First(); it.Valid(); it.Next() {
+			if i++; i%4096 == 0 && ctx.Err() != nil {
+				break
+			}
+			if _, _, _, id, ok := storage.ParseRecordKey(it.Key()); ok {
+				hkey = bloom.HashKey(hkey[:0], k.Namespace, id)
+				cp.Add(hkey)
+			}
 		}
-	}
-	if err := errors.Join(ctx.Err(), it.Error(), it.Close()); err != nil {
-		cp.Abort()
-		return err
+		if err := errors.Join(ctx.Err(), it.Error(), it.Close()); err != nil {
+			cp.Abort()
+			return err
+		}
 	}
 	cp.Finish()
 	return nil

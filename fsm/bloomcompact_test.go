@@ -23,7 +23,10 @@ func testBloomCompaction(t *testing.T, logIDs int) {
 	// The test drives every compaction itself: the background poller
 	// would otherwise compact the chain whenever a slow (-race, loaded)
 	// run leaves the bucket quiet for 2 s, before the chain is measured.
-	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000, LogIDs: logIDs}, BloomCompactInterval: -1})
+	// Windows of 4096 records: its 25 000 IDs in one bucket would make
+	// thousands of the harness's 4-record windows, each a seek for every
+	// lookup that reaches storage.
+	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000, LogIDs: logIDs}, BloomCompactInterval: -1, windowShift: 12})
 	const ttl = 3_600_000
 	const total = 25_000 // IDs marked in all
 	// markRange marks id-from..id-to-1 and returns how many did not answer

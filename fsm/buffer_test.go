@@ -292,7 +292,7 @@ func TestBufferedRecordsAndBucketDrops(t *testing.T) {
 	wantCode(t, "mark b after expiry", h.mark(t0+3_600_000, "b", 10_000), CodeNew)
 	d1, _ := h.f.Digest()
 	n := 0
-	if err := scanPrefix(h.f.db, []byte{storage.PrefixRecord}, func(k, _ []byte) error { n++; return nil }); err != nil {
+	if err := scanRecords(h.f.db, func(k, _ []byte) error { n++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if n != 1 {
@@ -346,7 +346,7 @@ func TestRecordsBeingCommittedStayVisible(t *testing.T) {
 		t.Fatalf("persisted index %d while the buffer up to %d is held", p, sealed)
 	}
 	stored := 0
-	if err := scanPrefix(h.f.db, []byte{storage.PrefixRecord}, func(k, _ []byte) error { stored++; return nil }); err != nil {
+	if err := scanRecords(h.f.db, func(k, _ []byte) error { stored++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if stored != 0 {

@@ -64,7 +64,7 @@ func (f *FSM) DigestState(ctx context.Context) (StateDigest, error) {
 			}
 		}
 		d.Keys++
-		if len(k) > 0 && k[0] == storage.PrefixRecord {
+		if storage.IsRecordKey(k) {
 			d.Records++
 		}
 		h.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])

@@ -67,7 +67,7 @@ func (f *FSM) CountRecords(nowMs int64) (RecordCounts, error) {
 	defer f.persistWG.Done()
 	defer snap.Close()
 	var c RecordCounts
-	err = scanPrefix(snap, []byte{storage.PrefixRecord}, func(_, v []byte) error {
+	err = scanRecords(snap, func(_, v []byte) error {
 		r, err := decodeRecord(v)
 		if err != nil {
 			return err

@@ -104,7 +104,7 @@ func (f *FSM) flushLocked() {
 		return
 	}
 	job := f.sealLocked()
-	job.live = func(k bloom.Key) bool { _, ok := f.st.counts[k]; return ok }
+	job.live = func(k bloom.Key) bool { _, ok := f.st.registry[k]; return ok }
 	job.write(f.db, &f.scratch)
 	close(job.done)
 	f.retireLocked(job)
@@ -211,7 +211,7 @@ func (sc *flushScratch) encodeRecords(ov *overlay, live func(bloom.Key) bool) {
 			return
 		}
 		off := len(sc.enc)
-		sc.enc = storage.AppendRecordKey(sc.enc, key.Namespace, key.Bucket, k[4:])
+		sc.enc = storage.AppendRecordKey(sc.enc, key.Namespace, key.Bucket, e.loc, k[4:])
 		klen := len(sc.enc) - off
 		sc.enc = appendRecord(sc.enc, &e.rec)
 		if uint64(len(sc.enc)) > math.MaxUint32 || klen > math.MaxUint16 || len(sc.enc)-off-klen > math.MaxUint16 {
@@ -219,7 +219,7 @@ func (sc *flushScratch) encodeRecords(ov *overlay, live func(bloom.Key) bool) {
 		}
 		var pre [8]byte
 		copy(pre[:], k[4:])
-		sc.order = append(sc.order, recOrder{ns: key.Namespace, bucket: key.Bucket, pre: binary.BigEndian.Uint64(pre[:]),
+		sc.order = append(sc.order, recOrder{ns: key.Namespace, bucket: key.Bucket, loc: e.loc, pre: binary.BigEndian.Uint64(pre[:]),
 			off: uint32(off), klen: uint16(klen), vlen: uint16(len(sc.enc) - off - klen)})
 	})
 	sc.order, sc.spare = sortRecords(sc.order, sc.spare, sc.enc)
@@ -260,11 +260,19 @@ const maxReusedEnc = 32 << 20
 // sort.
 func sortRecords(order, spare []recOrder, enc []byte) (sorted, next []recOrder) {
 	less := func(x, y recOrder) int {
+		xw, yw := x.loc != storage.LegacyLoc, y.loc != storage.LegacyLoc
 		switch {
+		case xw != yw: // legacy keys ('r') sort before windowed ones ('w')
+			if xw {
+				return 1
+			}
+			return -1
 		case x.ns != y.ns:
 			return cmp.Compare(x.ns, y.ns)
 		case x.bucket != y.bucket:
 			return cmp.Compare(x.bucket, y.bucket)
+		case x.loc != y.loc:
+			return cmp.Compare(x.loc, y.loc)
 		case x.pre != y.pre:
 			return cmp.Compare(x.pre, y.pre)
 		}
@@ -272,7 +280,7 @@ func sortRecords(order, spare []recOrder, enc []byte) (sorted, next []recOrder) 
 	}
 	oneBucket := true
 	for i := 1; i < len(order) && oneBucket; i++ {
-		oneBucket = order[i].ns == order[0].ns && order[i].bucket == order[0].bucket
+		oneBucket = order[i].ns == order[0].ns && order[i].bucket == order[0].bucket && order[i].loc == order[0].loc
 	}
 	if !oneBucket || len(order) < 4096 {
 		slices.SortFunc(order, less)
@@ -317,15 +325,17 @@ func splitByte(src, dst []recOrder, shift uint, start *[257]int) {
 	}
 }
 
-// recOrder sorts buffered records by key: namespace, bucket, then the ID
-// (its first 8 bytes as an integer, zero-padded, then the whole key). The
-// record's key is enc[off:off+klen], its value the vlen bytes after it.
+// recOrder sorts buffered records by key: legacy keys first, then
+// namespace, bucket, window, then the ID (its first 8 bytes as an
+// integer, zero-padded, then the whole key). The record's key is
+// enc[off:off+klen], its value the vlen bytes after it.
 type recOrder struct {
 	ns         uint32
 	off        uint32
 	bucket     uint64
 	pre        uint64
 	klen, vlen uint16
+	loc        storage.Loc
 }
 
 func (r recOrder) key(enc []byte) []byte { return enc[r.off : r.off+uint32(r.klen)] }

@@ -94,7 +94,7 @@ func TestBackgroundCommitsUnderReadersCompactionsAndRestores(t *testing.T) {
 					swap.RLock()
 					f.mu.RLock()
 					var keys []bloom.Key
-					for k := range f.st.counts {
+					for k := range f.st.registry {
 						keys = append(keys, k)
 					}
 					if f.flushing != nil {

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,10 @@ type Config struct {
 	// restart), and Snapshot refuses from then on, so no snapshot ever
 	// claims an index the database does not hold.
 	ApplyGate func() bool
+	// windowShift overrides the window size (log2 records) of new buckets:
+	// tests use a few records, so their handful of IDs spread over many
+	// windows. Zero: windowShift.
+	windowShift uint8
 }
 
 // BufferLimits bound the write buffer: it is committed to Pebble when
@@ -105,6 +110,9 @@ type FSM struct {
 	// flushWG counts background commit goroutines: Close waits for the
 	// last one to exit (it retires its buffer under mu after committing).
 	flushWG sync.WaitGroup
+	// windowShift is the window size (log2 records) of buckets created
+	// from now on (Config.windowShift).
+	windowShift uint8
 	// beforeFlush, if set (tests), runs in the background flush before it
 	// writes: a test holds a buffer in flight with it.
 	beforeFlush func()
@@ -128,10 +136,10 @@ type state struct {
 	nsByID      map[uint32]*NamespaceConfig
 	// buckets lists each namespace's buckets in ascending order.
 	buckets map[uint32][]uint64
-	// counts is the number of records stored per bucket (including expired
-	// ones not yet dropped).
-	counts map[bloom.Key]uint64
-	nodes  map[string]string
+	// registry holds every live bucket's entry (window.go): its record
+	// count and write windows.
+	registry map[bloom.Key]bucketEntry
+	nodes    map[string]string
 	// roles holds each node whose role is not RoleMember (read replicas).
 	roles map[string]NodeRole
 	// regions maps node ID → region, for the nodes that have one.
@@ -171,6 +179,8 @@ func New(cfg Config) (*FSM, error) {
 		filters: bloom.New(cfg.Bloom),
 		notify:  make(chan struct{}),
 		applier: &applier{sc: lookupScratch{reader: new(storage.RecordReader)}},
+
+		windowShift: cmp.Or(cfg.windowShift, windowShift),
 	}
 	f.checkScratch.New = func() any { return new(batchProbes) }
 	f.applier.f = f
@@ -188,7 +198,7 @@ func (f *FSM) open() error {
 	if err != nil {
 		return err
 	}
-	st, err := loadState(db)
+	st, err := loadState(db, f.windowShift)
 	if err != nil {
 		db.Close()
 		return err
@@ -261,12 +271,14 @@ func (f *FSM) storageOptions() storage.Options {
 
 // loadState reads the in-memory state, initialising a fresh database with
 // the default namespace (identically on every replica).
-func loadState(db *storage.DB) (state, error) {
+// loadState reads the state's small keys; a bucket registered by a version
+// without windows gets windows of 1<<shift records for its new ones.
+func loadState(db *storage.DB, shift uint8) (state, error) {
 	st := state{
 		namespaces: map[string]*NamespaceConfig{},
 		nsByID:     map[uint32]*NamespaceConfig{},
 		buckets:    map[uint32][]uint64{},
-		counts:     map[bloom.Key]uint64{},
+		registry:   map[bloom.Key]bucketEntry{},
 		nodes:      map[string]string{},
 		roles:      map[string]NodeRole{},
 		regions:    map[string]string{},
@@ -335,12 +347,15 @@ func loadState(db *storage.DB) (state, error) {
 		if !ok {
 			return fmt.Errorf("bad bucket key %x", k)
 		}
-		n, err := decodeUvarint(v)
+		e, err := decodeBucketEntry(v)
 		if err != nil {
 			return err
 		}
+		if e.legacy && e.inserts == 0 {
+			e.shift = shift
+		}
 		st.buckets[nsID] = append(st.buckets[nsID], b) // keys are sorted
-		st.counts[bloom.Key{Namespace: nsID, Bucket: b}] = n
+		st.registry[bloom.Key{Namespace: nsID, Bucket: b}] = e
 		return nil
 	})
 	if err != nil {
@@ -381,7 +396,21 @@ func loadState(db *storage.DB) (state, error) {
 }
 
 func scanPrefix(r pebble.Reader, prefix []byte, fn func(k, v []byte) error) error {
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: storage.PrefixEnd(prefix)})
+	return scanRange(r, prefix, storage.PrefixEnd(prefix), fn)
+}
+
+// scanRecords calls fn with every record, legacy keys first.
+func scanRecords(r pebble.Reader, fn func(k, v []byte) error) error {
+	for _, kr := range storage.RecordRanges() {
+		if err := scanRange(r, kr.Start, kr.End, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scanRange(r pebble.Reader, lower, upper []byte, fn func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return err
 	}
@@ -583,9 +612,9 @@ type Stats struct {
 // Stats returns current figures.
 func (f *FSM) Stats() Stats {
 	f.mu.RLock()
-	s := Stats{AppliedIndex: f.st.applied, LastTsMs: f.st.lastTs, Buckets: uint64(len(f.st.counts))}
-	for _, n := range f.st.counts {
-		s.IDsStored += n
+	s := Stats{AppliedIndex: f.st.applied, LastTsMs: f.st.lastTs, Buckets: uint64(len(f.st.registry))}
+	for _, e := range f.st.registry {
+		s.IDsStored += e.count
 	}
 	f.mu.RUnlock()
 	s.Bloom = f.filters.Stats()

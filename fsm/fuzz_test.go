@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"testing"
@@ -73,6 +74,33 @@ func FuzzValidate(f *testing.F) {
 		}
 		if len(op.Items) == 0 || len(op.Items) > 10 || len(id) == 0 || len(id) > 16 || len(digest) > MaxDigestBytes || len(token) > MaxTokenBytes || dur < 0 || dur > ns.MaxTTLMs {
 			t.Fatalf("accepted invalid op %+v", op)
+		}
+	})
+}
+
+// FuzzDecodeBucketEntry: arbitrary registry values never panic the
+// decoder; whatever decodes in the windowed format re-encodes to exactly
+// its own bytes, and a value of one uvarint (the format before windows)
+// decodes as a legacy bucket with no windows.
+func FuzzDecodeBucketEntry(f *testing.F) {
+	f.Add(appendBucketEntry(nil, bucketEntry{count: 3, inserts: 9, shift: windowShift}))
+	f.Add(appendBucketEntry(nil, bucketEntry{count: 1 << 40, inserts: 1 << 41, shift: 2, legacy: true}))
+	f.Add(encodeUvarint(310))
+	f.Add([]byte{})
+	f.Add([]byte{1, 2, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := decodeBucketEntry(data)
+		if err != nil {
+			return
+		}
+		if _, n := binary.Uvarint(data); n == len(data) {
+			if !e.legacy || e.inserts != 0 || e.windows() != 0 {
+				t.Fatalf("a count alone decoded as %+v, want a legacy bucket without windows", e)
+			}
+			return
+		}
+		if enc := appendBucketEntry(nil, e); !bytes.Equal(enc, data) {
+			t.Fatalf("%x decodes to %+v, which encodes to %x", data, e, enc)
 		}
 	})
 }

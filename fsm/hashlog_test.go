@@ -116,7 +116,7 @@ func testHashLogAgainstReference(t *testing.T, logIDs int, seed uint64) {
 			}
 			f.mu.RLock()
 			var keys []bloom.Key
-			for k := range f.st.counts {
+			for k := range f.st.registry {
 				keys = append(keys, k)
 			}
 			f.mu.RUnlock()
@@ -196,7 +196,7 @@ func TestCompactionFromLogDoesNotHoldTheFSMLock(t *testing.T) {
 	}
 	f.mu.RLock()
 	var k bloom.Key
-	for kk := range f.st.counts {
+	for kk := range f.st.registry {
 		k = kk
 	}
 	f.mu.RUnlock()

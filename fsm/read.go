@@ -21,6 +21,9 @@ type lookupScratch struct {
 	// releases mu between its IDs, and a Restore may close the database
 	// meanwhile).
 	reader *storage.RecordReader
+	// loc is where the record the last lookup found is keyed in its
+	// bucket (a write of it in the same bucket keeps the key).
+	loc storage.Loc
 }
 
 // lookupLocked finds the record of id in ns (hkey = HashKey(ns.ID, id)):
@@ -57,7 +60,8 @@ func (f *FSM) lookupLocked(ns *NamespaceConfig, id, hkey []byte, sc *lookupScrat
 		// bucket (the pending batch holds the range deletion): then the
 		// record is gone. A dropped bucket never comes back: every write
 		// expires after the apply's time, so into a later bucket.
-		if _, live := f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: e.bucket}]; live {
+		if _, live := f.st.registry[bloom.Key{Namespace: ns.ID, Bucket: e.bucket}]; live {
+			sc.loc = e.loc
 			return e.rec, e.bucket, true, false, nil
 		}
 		return Record{}, 0, false, false, nil
@@ -87,7 +91,7 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 		return Record{}, 0, false, nil
 	}
 	for _, b := range sc.cands {
-		if _, live := f.st.counts[bloom.Key{Namespace: ns.ID, Bucket: b}]; !live {
+		if _, live := f.st.registry[bloom.Key{Namespace: ns.ID, Bucket: b}]; !live {
 			continue // chains are dropped with their buckets; never trust one that outlived it
 		}
 		rec, found, err := f.getRecord(ns, b, id, sc)
@@ -103,26 +107,52 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 	return Record{}, 0, false, nil
 }
 
-// getRecord reads id's record in one bucket; it aliases sc.vbuf.
+// getRecord reads id's record in one bucket, trying each of its windows
+// newest first (redeliveries are mostly of recent IDs), then its legacy
+// key if the bucket may have one; it aliases sc.vbuf and sets sc.loc.
 func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScratch) (Record, bool, error) {
-	sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, id)
-	var v []byte
-	var found bool
-	var err error
-	if sc.reader != nil {
-		v, found, err = sc.reader.Get(f.db, sc.kbuf, sc.vbuf[:0])
-	} else {
-		v, found, err = f.db.GetRecordInto(sc.kbuf, sc.vbuf[:0])
+	e := f.bucketEntryLocked(bloom.Key{Namespace: ns.ID, Bucket: b})
+	r := sc.reader
+	if r == nil {
+		// One iterator for every window of this lookup.
+		var own storage.RecordReader
+		defer own.Release()
+		r = &own
 	}
-	sc.vbuf = v
-	if err != nil {
-		return Record{}, false, fmt.Errorf("get record: %w", err)
+	for w := e.windows(); ; w-- {
+		loc := storage.WindowLoc(w - 1)
+		if w == 0 {
+			if !e.legacy {
+				return Record{}, false, nil
+			}
+			loc = storage.LegacyLoc
+		}
+		sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, loc, id)
+		v, found, err := r.Get(f.db, sc.kbuf, sc.vbuf[:0])
+		sc.vbuf = v
+		if err != nil {
+			return Record{}, false, fmt.Errorf("get record: %w", err)
+		}
+		if found {
+			rec, err := decodeRecord(v)
+			sc.loc = loc
+			return rec, err == nil, err
+		}
+		if w == 0 {
+			return Record{}, false, nil
+		}
 	}
-	if !found {
-		return Record{}, false, nil
+}
+
+// bucketEntryLocked is k's registry entry, with the records the applier
+// has added to its hot bucket and not yet folded in. REQUIRES: f.mu held.
+func (f *FSM) bucketEntryLocked(k bloom.Key) bucketEntry {
+	e := f.st.registry[k]
+	if a := f.applier; a.hotSet && a.hot == k {
+		e.count += a.hotN
+		e.inserts += a.hotN
 	}
-	rec, err := decodeRecord(v)
-	return rec, err == nil, err
+	return e
 }
 
 // Check answers, for each id, whether it is recorded and live at nowMs in

@@ -20,11 +20,22 @@ import (
 
 // Snapshot stream format:
 //
-//	magic "DDNSNAP1" | applied index (8, BE) | applied term (8, BE)
+//	magic "DDNSNAP2" | applied index (8, BE) | applied term (8, BE)
 //	entry*: uvarint key length (>0) | key | uvarint value length | value
 //	uvarint 0 (end of entries)
 //	entry count (8, BE) | SHA-256 of every preceding byte (32)
-const snapshotMagic = "DDNSNAP1"
+//
+// The entries are the database's keys and values, so the magic names the
+// key layout: "DDNSNAP1" streams (versions before write windows) hold
+// legacy record keys only and are still restored; "DDNSNAP2" streams may
+// hold windowed record keys, which a version that writes DDNSNAP1 would
+// not read, so it refuses them by their magic (a node left on the old
+// version during a rolling upgrade stays behind rather than losing
+// records; docs/OPERATIONS.md).
+const (
+	snapshotMagic       = "DDNSNAP2"
+	snapshotMagicLegacy = "DDNSNAP1"
+)
 
 // ErrBadSnapshot is returned by Restore for a stream that is truncated, has
 // a wrong checksum or is otherwise malformed. The FSM is left untouched.
@@ -211,7 +222,7 @@ func ParseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 	if len(b) < SnapshotHeaderLen {
 		return SnapshotHeader{}, fmt.Errorf("%w: header of %d bytes", ErrBadSnapshot, len(b))
 	}
-	if string(b[:8]) != snapshotMagic {
+	if m := string(b[:8]); m != snapshotMagic && m != snapshotMagicLegacy {
 		return SnapshotHeader{}, fmt.Errorf("%w: magic %q", ErrBadSnapshot, b[:8])
 	}
 	return SnapshotHeader{Index: binary.BigEndian.Uint64(b[8:16]), Term: binary.BigEndian.Uint64(b[16:24])}, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/dedupnode/dedupnode/storage"
@@ -42,19 +43,24 @@ func TestSortRecordsOrdersByKey(t *testing.T) {
 		{"one bucket, split", 20000, 1},
 		{"one bucket, few records", 100, 1},
 		{"several buckets", 20000, 3},
+		{"one bucket, two windows and legacy keys", 20000, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var enc []byte
 			var order []recOrder
 			for range tc.n {
 				ns, bucket, id := uint32(7), uint64(1000+rng.IntN(tc.buckets)), randomID()
+				loc := storage.WindowLoc(0)
+				if strings.Contains(tc.name, "windows") {
+					loc = storage.Loc(rng.IntN(3)) // legacy, window 0 or window 1
+				}
 				off := len(enc)
-				enc = storage.AppendRecordKey(enc, ns, bucket, id)
+				enc = storage.AppendRecordKey(enc, ns, bucket, loc, id)
 				klen := len(enc) - off
 				enc = append(enc, "value"...)
 				var pre [8]byte
 				copy(pre[:], id)
-				order = append(order, recOrder{ns: ns, bucket: bucket, pre: binary.BigEndian.Uint64(pre[:]),
+				order = append(order, recOrder{ns: ns, bucket: bucket, loc: loc, pre: binary.BigEndian.Uint64(pre[:]),
 					off: uint32(off), klen: uint16(klen), vlen: 5})
 			}
 			spare := make([]recOrder, 3) // a spare too small must be grown, not overrun
@@ -92,8 +98,8 @@ func BenchmarkSortRecords(b *testing.B) {
 			id[i] = byte(rng.IntN(256))
 		}
 		off := len(enc)
-		enc = storage.AppendRecordKey(enc, 7, 1000, id)
-		order = append(order, recOrder{ns: 7, bucket: 1000, pre: binary.BigEndian.Uint64(id),
+		enc = storage.AppendRecordKey(enc, 7, 1000, storage.WindowLoc(0), id)
+		order = append(order, recOrder{ns: 7, bucket: 1000, loc: storage.WindowLoc(0), pre: binary.BigEndian.Uint64(id),
 			off: uint32(off), klen: uint16(len(enc) - off)})
 	}
 	work, spare := make([]recOrder, n), make([]recOrder, n)

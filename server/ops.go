@@ -183,7 +183,7 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 		return nil
 	}
 	_, err = fsm.WalkSnapshot(pr, func(key, value []byte) error {
-		nsID, _, id, ok := storage.ParseRecordKey(key)
+		nsID, _, _, id, ok := storage.ParseRecordKey(key)
 		if !ok || nsID != ns.ID {
 			return nil
 		}

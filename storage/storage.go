@@ -4,7 +4,8 @@
 //
 // Key layout (all integers big-endian so keys sort numerically):
 //
-//	'r' nsID(4) bucket(8) id...   record of one message ID
+//	'w' nsID(4) bucket(8) window(4) id...   record of one message ID
+//	'r' nsID(4) bucket(8) id...   record written before windows (legacy)
 //	'b' nsID(4) bucket(8)         bucket registry: value = record count (uvarint)
 //	'n' name...                   namespace config
 //	'p' nodeID...                 node's client (gRPC) address
@@ -12,8 +13,14 @@
 //
 // A record lives under the bucket of its expiry (expiresMs / bucketWidthMs),
 // so every key of a fully expired bucket is contiguous: DeleteRange over
-// ['r' ns b, 'r' ns b+1) drops them all at O(1) write cost and compaction
-// returns the space (see DESIGN.md).
+// ['w' ns b, 'w' ns b+1) drops them all at O(1) write cost and compaction
+// returns the space (see DESIGN.md). Within its bucket a record lives
+// under its write window: the bucket's insert count when it was written,
+// divided by a fixed window size (fsm decides). IDs are random, so without
+// windows every flushed sstable spans its whole bucket and every
+// compaction rewrites the bucket's older records; with them new files
+// overlap only the newest window. Records written by versions before
+// windows keep their 'r' keys (fsm reads both).
 package storage
 
 import (
@@ -32,62 +39,125 @@ import (
 
 // Key prefixes.
 const (
-	PrefixRecord    = 'r'
-	PrefixBucket    = 'b'
-	PrefixNamespace = 'n'
-	PrefixNode      = 'p'
-	PrefixNodeRole  = 'o'
-	PrefixMeta      = 'm'
+	// PrefixRecord keys records written before write windows (legacy):
+	// read, rewritten in place, never created.
+	PrefixRecord = 'r'
+	// PrefixWindowedRecord keys every record written since.
+	PrefixWindowedRecord = 'w'
+	PrefixBucket         = 'b'
+	PrefixNamespace      = 'n'
+	PrefixNode           = 'p'
+	PrefixNodeRole       = 'o'
+	PrefixMeta           = 'm'
 	// PrefixNodeRegion keys a node's region (absent: none recorded).
 	PrefixNodeRegion = 'g'
 	// PrefixSetting keys a replicated cluster setting.
 	PrefixSetting = 's'
 )
 
-// RecordKeyPrefixLen is the length of 'r' nsID bucket, before the ID.
+// RecordKeyPrefixLen is the length of 'r' nsID bucket, before the ID: a
+// lower bound of every record key's length but the ID's.
 const RecordKeyPrefixLen = 1 + 4 + 8
 
-// AppendRecordKey appends the key of id in (nsID, bucket) to dst.
-func AppendRecordKey(dst []byte, nsID uint32, bucket uint64, id []byte) []byte {
-	dst = append(dst, PrefixRecord)
+// WindowedRecordKeyPrefixLen is the length of 'w' nsID bucket window,
+// before the ID.
+const WindowedRecordKeyPrefixLen = RecordKeyPrefixLen + 4
+
+// Loc says where in its bucket a record's key is: LegacyLoc for the 'r'
+// key of a record written before windows, window+1 for a windowed key.
+type Loc uint32
+
+// LegacyLoc is the Loc of a record under its legacy 'r' key.
+const LegacyLoc Loc = 0
+
+// WindowLoc is the Loc of window w.
+func WindowLoc(w uint32) Loc { return Loc(w) + 1 }
+
+// AppendRecordKey appends the key of id at loc in (nsID, bucket) to dst.
+func AppendRecordKey(dst []byte, nsID uint32, bucket uint64, loc Loc, id []byte) []byte {
+	if loc == LegacyLoc {
+		dst = append(dst, PrefixRecord)
+	} else {
+		dst = append(dst, PrefixWindowedRecord)
+	}
 	dst = binary.BigEndian.AppendUint32(dst, nsID)
 	dst = binary.BigEndian.AppendUint64(dst, bucket)
+	if loc != LegacyLoc {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(loc-1))
+	}
 	return append(dst, id...)
 }
 
-// BucketRange returns the [start, end) key range holding every record of
-// (nsID, bucket).
-func BucketRange(nsID uint32, bucket uint64) (start, end []byte) {
-	start = AppendRecordKey(nil, nsID, bucket, nil)
-	end = AppendRecordKey(nil, nsID, bucket+1, nil)
+// KeyRange is a [Start, End) key range.
+type KeyRange struct{ Start, End []byte }
+
+// BucketRanges returns the key ranges holding every record of (nsID,
+// bucket): its legacy range, then its windowed one.
+func BucketRanges(nsID uint32, bucket uint64) [2]KeyRange {
+	var out [2]KeyRange
+	for i, prefix := range recordPrefixes {
+		out[i] = bucketRange(prefix, nsID, bucket)
+	}
+	return out
+}
+
+func bucketRange(prefix byte, nsID uint32, bucket uint64) KeyRange {
+	start := binary.BigEndian.AppendUint64(append([]byte{prefix}, binary.BigEndian.AppendUint32(nil, nsID)...), bucket)
 	if bucket == ^uint64(0) {
-		end = NamespaceRecordsEnd(nsID)
+		return KeyRange{start, namespaceEnd(prefix, nsID)}
 	}
-	return start, end
+	return KeyRange{start, binary.BigEndian.AppendUint64(start[:5:5], bucket+1)}
 }
 
-// NamespaceRecordsRange returns the [start, end) key range of every record
-// of nsID, across all buckets.
-func NamespaceRecordsRange(nsID uint32) (start, end []byte) {
-	start = append([]byte{PrefixRecord}, binary.BigEndian.AppendUint32(nil, nsID)...)
-	return start, NamespaceRecordsEnd(nsID)
+// NamespaceRecordRanges returns the key ranges holding every record of
+// nsID, across all buckets: legacy, then windowed.
+func NamespaceRecordRanges(nsID uint32) [2]KeyRange {
+	var out [2]KeyRange
+	for i, prefix := range recordPrefixes {
+		out[i] = KeyRange{append([]byte{prefix}, binary.BigEndian.AppendUint32(nil, nsID)...), namespaceEnd(prefix, nsID)}
+	}
+	return out
 }
 
-// NamespaceRecordsEnd is the first key after all records of nsID.
-func NamespaceRecordsEnd(nsID uint32) []byte {
+// RecordRanges returns the key ranges holding every record: legacy, then
+// windowed.
+func RecordRanges() [2]KeyRange {
+	var out [2]KeyRange
+	for i, prefix := range recordPrefixes {
+		out[i] = KeyRange{[]byte{prefix}, []byte{prefix + 1}}
+	}
+	return out
+}
+
+var recordPrefixes = [2]byte{PrefixRecord, PrefixWindowedRecord}
+
+// namespaceEnd is the first key after every record of nsID under prefix.
+func namespaceEnd(prefix byte, nsID uint32) []byte {
 	if nsID == ^uint32(0) {
-		return []byte{PrefixRecord + 1}
+		return []byte{prefix + 1}
 	}
-	return append([]byte{PrefixRecord}, binary.BigEndian.AppendUint32(nil, nsID+1)...)
+	return append([]byte{prefix}, binary.BigEndian.AppendUint32(nil, nsID+1)...)
 }
 
-// ParseRecordKey splits a record key. ok is false for keys of other kinds or
-// malformed keys.
-func ParseRecordKey(key []byte) (nsID uint32, bucket uint64, id []byte, ok bool) {
-	if len(key) <= RecordKeyPrefixLen || key[0] != PrefixRecord {
-		return 0, 0, nil, false
+// IsRecordKey reports whether key is a record's, legacy or windowed.
+func IsRecordKey(key []byte) bool {
+	return len(key) > 0 && (key[0] == PrefixRecord || key[0] == PrefixWindowedRecord)
+}
+
+// ParseRecordKey splits a record key, legacy or windowed. ok is false for
+// keys of other kinds or malformed keys.
+func ParseRecordKey(key []byte) (nsID uint32, bucket uint64, loc Loc, id []byte, ok bool) {
+	switch {
+	case len(key) > RecordKeyPrefixLen && key[0] == PrefixRecord:
+		return binary.BigEndian.Uint32(key[1:5]), binary.BigEndian.Uint64(key[5:13]), LegacyLoc, key[RecordKeyPrefixLen:], true
+	case len(key) > WindowedRecordKeyPrefixLen && key[0] == PrefixWindowedRecord:
+		w := binary.BigEndian.Uint32(key[RecordKeyPrefixLen:WindowedRecordKeyPrefixLen])
+		if w == ^uint32(0) {
+			return 0, 0, 0, nil, false // WindowLoc(w) would wrap to LegacyLoc
+		}
+		return binary.BigEndian.Uint32(key[1:5]), binary.BigEndian.Uint64(key[5:13]), WindowLoc(w), key[WindowedRecordKeyPrefixLen:], true
 	}
-	return binary.BigEndian.Uint32(key[1:5]), binary.BigEndian.Uint64(key[5:13]), key[RecordKeyPrefixLen:], true
+	return 0, 0, 0, nil, false
 }
 
 // BucketKey is the registry key of (nsID, bucket).

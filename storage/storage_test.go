@@ -8,25 +8,43 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-func TestBucketRangeHoldsExactlyItsRecords(t *testing.T) {
-	start, end := BucketRange(3, 10)
-	in := AppendRecordKey(nil, 3, 10, []byte{0xff, 0xff, 0xff})
-	for _, k := range [][]byte{
-		AppendRecordKey(nil, 3, 9, []byte{0xff}),
-		AppendRecordKey(nil, 3, 11, []byte{0x00}),
-		AppendRecordKey(nil, 4, 10, []byte("a")),
-		AppendRecordKey(nil, 2, 10, []byte("a")),
-	} {
-		if bytes.Compare(k, start) >= 0 && bytes.Compare(k, end) < 0 {
-			t.Fatalf("key %x of another bucket falls in range", k)
+// Every record of a bucket, legacy or in any window, lies in one of its
+// BucketRanges, and no record of another bucket or namespace does: a
+// bucket's expiry is one range deletion per layout.
+func TestBucketRangesHoldExactlyTheirRecords(t *testing.T) {
+	in := func(k []byte, rs [2]KeyRange) bool {
+		for _, r := range rs {
+			if bytes.Compare(k, r.Start) >= 0 && bytes.Compare(k, r.End) < 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for _, bucket := range []uint64{10, ^uint64(0)} {
+		rs := BucketRanges(3, bucket)
+		for _, loc := range []Loc{LegacyLoc, WindowLoc(0), WindowLoc(7), WindowLoc(^uint32(0) - 1)} {
+			own := AppendRecordKey(nil, 3, bucket, loc, []byte{0xff, 0xff, 0xff})
+			if !in(own, rs) {
+				t.Fatalf("bucket %d: own key %x (loc %d) outside its ranges", bucket, own, loc)
+			}
+			ns, b, l, id, ok := ParseRecordKey(own)
+			if !ok || ns != 3 || b != bucket || l != loc || !bytes.Equal(id, []byte{0xff, 0xff, 0xff}) {
+				t.Fatalf("parse %x: %d %d %d %x %v", own, ns, b, l, id, ok)
+			}
+			for _, other := range [][]byte{
+				AppendRecordKey(nil, 3, bucket-1, loc, []byte{0xff}),
+				AppendRecordKey(nil, 4, 0, loc, []byte("a")),
+				AppendRecordKey(nil, 2, bucket, loc, []byte("a")),
+				AppendRecordKey(nil, 2, ^uint64(0), loc, []byte{0xff}),
+			} {
+				if in(other, rs) {
+					t.Fatalf("bucket %d: key %x of another bucket falls in its ranges", bucket, other)
+				}
+			}
 		}
 	}
-	if bytes.Compare(in, start) < 0 || bytes.Compare(in, end) >= 0 {
-		t.Fatal("own key outside range")
-	}
-	ns, b, id, ok := ParseRecordKey(in)
-	if !ok || ns != 3 || b != 10 || !bytes.Equal(id, []byte{0xff, 0xff, 0xff}) {
-		t.Fatalf("parse: %d %d %x %v", ns, b, id, ok)
+	if _, _, _, _, ok := ParseRecordKey(BucketKey(3, 10)); ok {
+		t.Fatal("a registry key parsed as a record key")
 	}
 }
 
@@ -36,64 +54,31 @@ func TestDeleteRangeDropsOneBucketOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
+	locs := []Loc{LegacyLoc, WindowLoc(0), WindowLoc(3)}
 	for b := uint64(1); b <= 3; b++ {
-		for _, id := range []string{"a", "b"} {
-			if err := db.Set(AppendRecordKey(nil, 1, b, []byte(id)), []byte("v"), pebble.NoSync); err != nil {
+		for _, loc := range locs {
+			for _, id := range []string{"a", "b"} {
+				if err := db.Set(AppendRecordKey(nil, 1, b, loc, []byte(id)), []byte("v"), pebble.NoSync); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, r := range BucketRanges(1, 2) {
+		if err := db.DeleteRange(r.Start, r.End, pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for b := uint64(1); b <= 3; b++ {
+		for _, loc := range locs {
+			_, found, err := GetCopy(db, AppendRecordKey(nil, 1, b, loc, []byte("a")))
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-	}
-	start, end := BucketRange(1, 2)
-	if err := db.DeleteRange(start, end, pebble.NoSync); err != nil {
-		t.Fatal(err)
-	}
-	for b := uint64(1); b <= 3; b++ {
-		_, found, err := GetCopy(db, AppendRecordKey(nil, 1, b, []byte("a")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if found == (b == 2) {
-			t.Fatalf("bucket %d: found=%v after dropping bucket 2", b, found)
-		}
-	}
-}
-
-// Pebble charges its memtables to the block cache. With a cache no larger
-// than one memtable (as 64 MiB was against a 32 MiB memtable and the FSM's
-// queued flushable batches), no block stayed cached: every read of an
-// sstable went to the file. Open sizes the cache so CacheBytes remain for
-// blocks.
-func TestBlockCacheKeepsBlocksBesideTheMemtables(t *testing.T) {
-	db, err := Open(t.TempDir(), Options{CacheBytes: 1 << 20, MemTableBytes: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	key := func(i int) []byte { return AppendRecordKey(nil, 1, 1, fmt.Appendf(nil, "id-%06d", i)) }
-	b := db.NewBatch()
-	for i := range 10_000 {
-		if err := b.Set(key(i), bytes.Repeat([]byte{'v'}, 40), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Flush(); err != nil { // the records now live in an sstable
-		t.Fatal(err)
-	}
-	before := db.Metrics().BlockCache
-	for range 3 {
-		for i := 0; i < 10_000; i += 97 {
-			if _, found, err := GetCopy(db, key(i)); err != nil || !found {
-				t.Fatalf("get %s: found=%v err=%v", key(i), found, err)
+			if found == (b == 2) {
+				t.Fatalf("bucket %d loc %d: found=%v after dropping bucket 2", b, loc, found)
 			}
 		}
-	}
-	after := db.Metrics().BlockCache
-	hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
-	if after.Size == 0 || hits <= misses {
-		t.Fatalf("block cache holds %d bytes after reading the same blocks three times: %d hits, %d misses", after.Size, hits, misses)
 	}
 }
 
@@ -107,14 +92,14 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	key := func(i int) []byte { return AppendRecordKey(nil, 1, 7, fmt.Appendf(nil, "id-%05d", i)) }
+	key := func(i int) []byte { return AppendRecordKey(nil, 1, 7, WindowLoc(0), fmt.Appendf(nil, "id-%05d", i)) }
 	for i := 0; i < 2000; i += 2 { // even IDs present, odd absent
 		if err := db.Set(key(i), fmt.Appendf(nil, "v%d", i), pebble.NoSync); err != nil {
 			t.Fatal(err)
 		}
 	}
-	start, end := BucketRange(1, 7)
-	if err := db.Compact(t.Context(), start, end, true); err != nil {
+	r7 := BucketRanges(1, 7)[1]
+	if err := db.Compact(t.Context(), r7.Start, r7.End, true); err != nil {
 		t.Fatal(err)
 	}
 	if n := db.Metrics().Levels[6].TablesCount; n == 0 {
@@ -137,9 +122,10 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 	}
 	probes := [][]byte{
 		key(0), key(1), key(2), key(4), key(3), key(1999), key(1998),
-		key(4)[:len(key(4))-1],                         // a prefix of a present key
-		append(key(4), 0),                              // a present key extended by one byte
-		AppendRecordKey(nil, 1, 8, []byte("id-00004")), // same ID, next bucket
+		key(4)[:len(key(4))-1], // a prefix of a present key
+		append(key(4), 0),      // a present key extended by one byte
+		AppendRecordKey(nil, 1, 8, WindowLoc(0), []byte("id-00004")), // same ID, next bucket
+		AppendRecordKey(nil, 1, 7, WindowLoc(1), []byte("id-00004")), // same ID, next window
 	}
 	// One RecordReader serves every probe, twice over, so its seeks go
 	// back and forth over the files it keeps open.
@@ -189,7 +175,7 @@ func TestRecordReaderKeepsItsViewUntilReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	older, newer := AppendRecordKey(nil, 1, 7, []byte("older")), AppendRecordKey(nil, 1, 7, []byte("newer"))
+	older, newer := AppendRecordKey(nil, 1, 7, WindowLoc(0), []byte("older")), AppendRecordKey(nil, 1, 7, WindowLoc(0), []byte("newer"))
 	if err := db.Set(older, []byte("v1"), pebble.NoSync); err != nil {
 		t.Fatal(err)
 	}
