@@ -248,45 +248,126 @@ const maxReusedEnc = 32 << 20
 
 // sortRecords sorts order by key and returns it, with the array it did not
 // return for the next call's spare. A buffer's records nearly always share
-// one namespace and bucket, and their IDs are random: a counting pass on
-// the ID's first byte splits them into 256 runs, a second on its second
-// byte splits each run into 256 more, and only the records sharing their
-// first two bytes (one or two, at a buffer's size) are compared. Both
-// passes scatter into 256 places at a time, which the caches follow. It
-// replaced 256 comparison sorts of a run each, 2.8 % of a 3-node write
-// load's CPU (one comparison sort of the whole had been 7 % of
-// ApplyMarkNew3FSMs's). Records of several namespaces or buckets, and
-// fewer than 4096 records (where the split saves little), take the full
-// sort.
+// one namespace, bucket and write window (a few span two windows, or hold
+// rewrites in older ones), and their IDs are random. So the records are
+// first split into their (layout, namespace, bucket, window) groups, in
+// key order, and each group of 4096 records or more is sorted by a
+// counting pass on the ID's first byte, splitting it into 256 runs, and a
+// second on its second byte, splitting each run into 256 more: only the
+// records sharing their first two bytes (one or two, at a buffer's size)
+// are compared. The passes scatter into 256 places at a time, which the
+// caches follow. It replaced 256 comparison sorts of a run each, 2.8 % of
+// a 3-node write load's CPU (one comparison sort of the whole had been 7 %
+// of ApplyMarkNew3FSMs's). Fewer than 4096 records in all (where the split
+// saves little), or more than maxSortGroups groups, take the full sort.
 func sortRecords(order, spare []recOrder, enc []byte) (sorted, next []recOrder) {
 	less := func(x, y recOrder) int {
-		xw, yw := x.loc != storage.LegacyLoc, y.loc != storage.LegacyLoc
-		switch {
-		case xw != yw: // legacy keys ('r') sort before windowed ones ('w')
-			if xw {
-				return 1
-			}
-			return -1
-		case x.ns != y.ns:
-			return cmp.Compare(x.ns, y.ns)
-		case x.bucket != y.bucket:
-			return cmp.Compare(x.bucket, y.bucket)
-		case x.loc != y.loc:
-			return cmp.Compare(x.loc, y.loc)
-		case x.pre != y.pre:
+		if !sameGroup(x, y) {
+			return compareGroups(x, y)
+		}
+		if x.pre != y.pre {
 			return cmp.Compare(x.pre, y.pre)
 		}
 		return bytes.Compare(x.key(enc), y.key(enc))
 	}
-	oneBucket := true
-	for i := 1; i < len(order) && oneBucket; i++ {
-		oneBucket = order[i].ns == order[0].ns && order[i].bucket == order[0].bucket && order[i].loc == order[0].loc
-	}
-	if !oneBucket || len(order) < 4096 {
+	if len(order) < 4096 {
 		slices.SortFunc(order, less)
 		return order, spare
 	}
+	// The groups, in key order, and each group's first index in spare.
+	var groups [maxSortGroups]recOrder
+	var start [maxSortGroups + 1]int
+	n, g := 0, 0
+	for _, r := range order {
+		if n > 0 && sameGroup(groups[g], r) {
+			start[g+1]++ // nearly always: the group of the record before
+			continue
+		}
+		g = 0
+		for g < n && !sameGroup(groups[g], r) {
+			g++
+		}
+		if g == n {
+			if n == maxSortGroups {
+				slices.SortFunc(order, less)
+				return order, spare
+			}
+			groups[n] = r
+			n++
+		}
+		start[g+1]++
+	}
+	idx := make([]int, n) // group positions in key order
+	for g := range idx {
+		idx[g] = g
+	}
+	slices.SortFunc(idx, func(a, b int) int { return compareGroups(groups[a], groups[b]) })
+	var pos [maxSortGroups + 1]int
+	at := 0
+	for _, g := range idx {
+		pos[g] = at
+		at += start[g+1]
+	}
 	spare = slices.Grow(spare[:0], len(order))[:len(order)]
+	if n > 1 {
+		// Scatter the groups into spare in key order, then back into order.
+		next := pos
+		g := 0
+		for _, r := range order {
+			if !sameGroup(groups[g], r) {
+				g = 0
+				for !sameGroup(groups[g], r) {
+					g++
+				}
+			}
+			spare[next[g]] = r
+			next[g]++
+		}
+		copy(order, spare)
+	}
+	for g := range n {
+		lo, hi := pos[g], pos[g]+start[g+1]
+		if hi-lo < 4096 {
+			slices.SortFunc(order[lo:hi], less)
+			continue
+		}
+		radixSortGroup(order[lo:hi], spare[lo:hi], less)
+	}
+	return order, spare
+}
+
+// maxSortGroups bounds the groups sortRecords splits a buffer into before
+// it falls back to one comparison sort.
+const maxSortGroups = 16
+
+// sameGroup reports whether x and y share the part of their key before the
+// ID (a Loc names the layout too).
+func sameGroup(x, y recOrder) bool {
+	return x.loc == y.loc && x.bucket == y.bucket && x.ns == y.ns
+}
+
+// compareGroups orders records by the part of their key before the ID:
+// legacy keys ('r') before windowed ones ('w'), then namespace, bucket and
+// window.
+func compareGroups(x, y recOrder) int {
+	xw, yw := x.loc != storage.LegacyLoc, y.loc != storage.LegacyLoc
+	switch {
+	case xw != yw:
+		if xw {
+			return 1
+		}
+		return -1
+	case x.ns != y.ns:
+		return cmp.Compare(x.ns, y.ns)
+	case x.bucket != y.bucket:
+		return cmp.Compare(x.bucket, y.bucket)
+	}
+	return cmp.Compare(x.loc, y.loc)
+}
+
+// radixSortGroup sorts order, records of one group, by their IDs' first
+// two bytes and then less, using spare (as long) as scratch.
+func radixSortGroup(order, spare []recOrder, less func(x, y recOrder) int) {
 	var start [257]int
 	splitByte(order, spare, 56, &start)
 	var sub [257]int
@@ -303,7 +384,6 @@ func sortRecords(order, spare []recOrder, enc []byte) (sorted, next []recOrder) 
 			}
 		}
 	}
-	return order, spare
 }
 
 // splitByte copies src into dst ordered by the byte of pre at bit shift

@@ -43,6 +43,7 @@ func TestSortRecordsOrdersByKey(t *testing.T) {
 		{"one bucket, split", 20000, 1},
 		{"one bucket, few records", 100, 1},
 		{"several buckets", 20000, 3},
+		{"more buckets than maxSortGroups", 20000, 40},
 		{"one bucket, two windows and legacy keys", 20000, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
