@@ -189,8 +189,9 @@ type ovEntry struct {
 }
 
 // recordBytesLowerBound is a lower bound of the bytes a record's key and
-// value take in a Pebble batch (key 'r' nsID bucket id; value version,
-// state, three varints, two length-prefixed byte strings).
+// value take in a Pebble batch (key 'w' nsID bucket window id, or 'r'
+// nsID bucket id; value version, state, three varints, two
+// length-prefixed byte strings).
 func recordBytesLowerBound(idLen int, rec *Record) int {
 	return storage.RecordKeyPrefixLen + idLen + 8 + len(rec.Token) + len(rec.Digest)
 }

@@ -270,9 +270,9 @@ func (f *FSM) storageOptions() storage.Options {
 }
 
 // loadState reads the in-memory state, initialising a fresh database with
-// the default namespace (identically on every replica).
-// loadState reads the state's small keys; a bucket registered by a version
-// without windows gets windows of 1<<shift records for its new ones.
+// the default namespace (identically on every replica). A bucket
+// registered by a version without windows gets windows of 1<<shift
+// records for its new ones.
 func loadState(db *storage.DB, shift uint8) (state, error) {
 	st := state{
 		namespaces: map[string]*NamespaceConfig{},

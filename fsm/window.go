@@ -19,8 +19,12 @@ import (
 // one seek per window of the bucket, newest first, where one seek was
 // made. 2^20 records is ≈ 50 MiB of sstables per node in the benchmark;
 // a bucket (at most an hour wide) fed 10k IDs/s holds ≈ 35 windows.
-// Windows of 2^18 and 2^22 records measured slower (docs/PERFORMANCE.md,
-// "Write windows").
+// Windows of 2^18 records measured slower, of 2^22 alike at twice the
+// compaction writes (docs/PERFORMANCE.md, "Write windows"). Every replica
+// must give a bucket the same shift (its keys depend on it): a version
+// that changes it for new buckets must carry the shift in the log, not
+// read it from its own constant, or replicas of mixed versions would key
+// the same bucket differently.
 const windowShift = 20
 
 // bucketEntry is the FSM's view of one live bucket, mirrored in its

@@ -6,15 +6,15 @@
 //
 //	'w' nsID(4) bucket(8) window(4) id...   record of one message ID
 //	'r' nsID(4) bucket(8) id...   record written before windows (legacy)
-//	'b' nsID(4) bucket(8)         bucket registry: value = record count (uvarint)
+//	'b' nsID(4) bucket(8)         bucket registry: value = the bucket's entry (fsm: record count, inserts, window size, legacy flag)
 //	'n' name...                   namespace config
 //	'p' nodeID...                 node's client (gRPC) address
 //	'm' name...                   FSM metadata (applied index, last timestamp, ...)
 //
 // A record lives under the bucket of its expiry (expiresMs / bucketWidthMs),
 // so every key of a fully expired bucket is contiguous: DeleteRange over
-// ['w' ns b, 'w' ns b+1) drops them all at O(1) write cost and compaction
-// returns the space (see DESIGN.md). Within its bucket a record lives
+// ['w' ns b, 'w' ns b+1) (and the legacy range, BucketRanges) drops them
+// all at O(1) write cost and compaction returns the space (see DESIGN.md). Within its bucket a record lives
 // under its write window: the bucket's insert count when it was written,
 // divided by a fixed window size (fsm decides). IDs are random, so without
 // windows every flushed sstable spans its whole bucket and every
@@ -360,40 +360,27 @@ func GetCopy(r pebble.Reader, key []byte) (val []byte, found bool, err error) {
 	return val, true, closer.Close()
 }
 
-// GetRecordInto appends the value of the record at key to dst, returning
-// found=false if absent, through an iterator of its own: for reads that
-// cannot keep one between them (a Check releases the FSM's lock between
-// its IDs); the applier reads through a RecordReader. Most lookups are of
-// absent keys: IDs our Bloom
-// filters answered "maybe" for, nearly always a false positive. Pebble's
-// Get skips the sstable filters of the last level (L6), whose blocks
-// CockroachDB's Gets rarely pay for; here every false positive would then
-// read an L6 index and data block, mostly from disk, once the data
-// outgrows the block cache. An iterator asked to use the L6 filters
-// answers most such lookups from the filter block alone; for present keys
-// it measured no slower on a fresh store (docs/PERFORMANCE.md, which also
-// notes what is still open). The key must be a whole key (the default
-// comparer's Split is the identity), so a prefix seek finds it or nothing.
-func (d *DB) GetRecordInto(key, dst []byte) ([]byte, bool, error) {
-	var r RecordReader
-	dst, found, err := r.Get(d, key, dst)
-	if cerr := r.Release(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return dst, false, err
-	}
-	return dst, found, nil
-}
-
-// RecordReader reads records as GetRecordInto does, through one iterator
-// kept from read to read: a run of lookups pays the iterator's setup once,
-// and a seek that lands in a file an earlier one opened (every L0 file of
-// a store of random IDs spans the whole key space) finds it open. The
-// iterator sees the database as it was at the first Get after creation or
-// Release, so its owner releases it whenever the database changes in a
-// way its reads must see, and before the database closes. Not safe for
-// concurrent use. The zero value is ready.
+// RecordReader reads records by key through one iterator kept from read
+// to read: a run of lookups (the applier's, or one lookup's seeks of the
+// write windows of a bucket) pays the iterator's setup once, and a seek
+// that lands in a file an earlier one opened (every L0 file of a store of
+// random IDs spans a whole window) finds it open. The iterator sees the
+// database as it was at the first Get after creation or Release, so its
+// owner releases it whenever the database changes in a way its reads must
+// see, and before the database closes. Not safe for concurrent use. The
+// zero value is ready.
+//
+// Most lookups are of absent keys: IDs our Bloom filters answered "maybe"
+// for, nearly always a false positive, and the windows a duplicate is not
+// in. Pebble's Get skips the sstable filters of the last level (L6),
+// whose blocks CockroachDB's Gets rarely pay for; here every false
+// positive would then read an L6 index and data block, mostly from disk,
+// once the data outgrows the block cache. An iterator asked to use the L6
+// filters answers most such lookups from the filter block alone; for
+// present keys it measured no slower on a fresh store (docs/PERFORMANCE.md,
+// which also notes what is still open). The key must be a whole key (the
+// default comparer's Split is the identity), so a prefix seek finds it or
+// nothing.
 type RecordReader struct {
 	it *pebble.Iterator
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -82,11 +83,51 @@ func TestDeleteRangeDropsOneBucketOnly(t *testing.T) {
 	}
 }
 
-// GetRecordInto must answer exactly as Get does wherever the key lives
-// (memtable, L0, the last level, under a newer deletion), and for an absent
-// key in the last level it must be the L6 sstable filter, not a data block
-// read, that says so: that is the whole reason it exists.
-func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
+// Pebble charges its memtables to the block cache. With a cache no larger
+// than one memtable (as 64 MiB was against a 32 MiB memtable and the FSM's
+// queued flushable batches), no block stayed cached: every read of an
+// sstable went to the file. Open sizes the cache so CacheBytes remain for
+// blocks.
+func TestBlockCacheKeepsBlocksBesideTheMemtables(t *testing.T) {
+	db, err := Open(t.TempDir(), Options{CacheBytes: 1 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	key := func(i int) []byte { return AppendRecordKey(nil, 1, 1, WindowLoc(0), fmt.Appendf(nil, "id-%06d", i)) }
+	b := db.NewBatch()
+	for i := range 10_000 {
+		if err := b.Set(key(i), bytes.Repeat([]byte{'v'}, 40), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Flush(); err != nil { // the records now live in an sstable
+		t.Fatal(err)
+	}
+	before := db.Metrics().BlockCache
+	for range 3 {
+		for i := 0; i < 10_000; i += 97 {
+			if _, found, err := GetCopy(db, key(i)); err != nil || !found {
+				t.Fatalf("get %s: found=%v err=%v", key(i), found, err)
+			}
+		}
+	}
+	after := db.Metrics().BlockCache
+	hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
+	if after.Size == 0 || hits <= misses {
+		t.Fatalf("block cache holds %d bytes after reading the same blocks three times: %d hits, %d misses", after.Size, hits, misses)
+	}
+}
+
+// A RecordReader must answer exactly as Get does wherever the key lives
+// (memtable, L0, the last level, under a newer deletion), whether it serves
+// one lookup or many, and for an absent key in the last level it must be
+// the L6 sstable filter, not a data block read, that says so: that is the
+// whole reason it is not a Get.
+func TestRecordReaderAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 	db, err := Open(t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -137,12 +178,12 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, ok, err := db.GetRecordInto(k, []byte("prefix:"))
+			got, ok, err := getOnce(db, k, []byte("prefix:"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if ok != wantOK || !bytes.Equal(got, append([]byte("prefix:"), want...)) {
-				t.Fatalf("key %q: GetRecordInto = %q, %v; Get = %q, %v", k, got, ok, want, wantOK)
+				t.Fatalf("key %q: a RecordReader of its own = %q, %v; Get = %q, %v", k, got, ok, want, wantOK)
 			}
 			got, ok, err = r.Get(db, k, []byte("prefix:"))
 			if err != nil {
@@ -156,7 +197,7 @@ func TestGetRecordIntoAnswersAsGetAndUsesTheLastLevelFilters(t *testing.T) {
 
 	before := db.Metrics().Filter.Hits
 	for i := 1001; i < 2000; i += 2 {
-		if _, ok, err := db.GetRecordInto(key(i), nil); err != nil || ok {
+		if _, ok, err := getOnce(db, key(i), nil); err != nil || ok {
 			t.Fatalf("absent key %d: found=%v err=%v", i, ok, err)
 		}
 	}
@@ -205,4 +246,12 @@ func TestRecordReaderKeepsItsViewUntilReleased(t *testing.T) {
 	if _, ok, err := r.Get(db, older, nil); err != nil || ok {
 		t.Fatalf("older after Release: found=%v err=%v; want deleted", ok, err)
 	}
+}
+
+// getOnce reads key through a RecordReader of its own, as a Check's lookup
+// does.
+func getOnce(db *DB, key, dst []byte) ([]byte, bool, error) {
+	var r RecordReader
+	v, ok, err := r.Get(db, key, dst)
+	return v, ok, errors.Join(err, r.Release())
 }
