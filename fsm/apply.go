@@ -722,10 +722,12 @@ func (a *applier) dropExpired() {
 func (a *applier) dropBucket(nsID uint32, bucket uint64) {
 	a.foldHot()
 	k := bloom.Key{Namespace: nsID, Bucket: bucket}
-	for i, r := range storage.BucketRanges(nsID, bucket) {
-		if i == 0 && !a.f.st.registry[k].legacy {
-			continue // no legacy key was ever written in this bucket
-		}
+	all := storage.BucketRanges(nsID, bucket) // legacy, then windowed
+	ranges := all[:]
+	if !a.f.st.registry[k].legacy {
+		ranges = all[1:] // no legacy key was ever written in this bucket
+	}
+	for _, r := range ranges {
 		must(a.b.DeleteRange(r.Start, r.End, nil))
 		a.dropped = append(a.dropped, keyRange{r.Start, r.End})
 	}

@@ -91,37 +91,37 @@ func (bg *background) stop() {
 // rebuildFilters adds every record in snap to the filters, in chunks that
 // take f.mu shared (lock order: f.mu, then the filters' own lock).
 func (f *FSM) rebuildFilters(ctx context.Context, snap *pebble.Snapshot) error {
+	for _, r := range storage.RecordRanges() {
+		if err := f.rebuildFiltersFrom(ctx, snap, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rebuildFiltersFrom adds the records of one key range of snap.
+func (f *FSM) rebuildFiltersFrom(ctx context.Context, snap *pebble.Snapshot, r storage.KeyRange) error {
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: r.Start, UpperBound: r.End})
+	if err != nil {
+		return err
+	}
 	var hkey []byte
 	live := func(k bloom.Key) bool { _, ok := f.st.registry[k]; return ok }
 	// Each chain's first filter is sized for its bucket's record count, so
 	// a rebuilt bucket has one filter, not a chain of doublings.
 	size := func(k bloom.Key) uint { return uint(f.st.registry[k].count) }
-	for _, r := range storage.RecordRanges() {
-		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: r.Start, UpperBound: r.End})
-		if err != nil {
-			return err
-		}
-		it.First()
-		for it.Valid() {
-			if ctx.Err() != nil {
-				it.Close()
-				return ctx.Err()
+	it.First()
+	for it.Valid() && ctx.Err() == nil {
+		f.mu.RLock()
+		for i := 0; i < 4096 && it.Valid(); i++ {
+			if nsID, b, _, id, ok := storage.ParseRecordKey(it.Key()); ok {
+				hkey = bloom.HashKey(hkey[:0], nsID, id)
+				k := bloom.Key{Namespace: nsID, Bucket: b}
+				f.filters.AddIfLive(k, hkey, size(k), live)
 			}
-			f.mu.RLock()
-			for i := 0; i < 4096 && it.Valid(); i++ {
-				nsID, b, _, id, ok := storage.ParseRecordKey(it.Key())
-				if ok {
-					hkey = bloom.HashKey(hkey[:0], nsID, id)
-					k := bloom.Key{Namespace: nsID, Bucket: b}
-					f.filters.AddIfLive(k, hkey, size(k), live)
-				}
-				it.Next()
-			}
-			f.mu.RUnlock()
+			it.Next()
 		}
-		if err := errors.Join(it.Error(), it.Close()); err != nil {
-			return err
-		}
+		f.mu.RUnlock()
 	}
-	return nil
+	return errors.Join(ctx.Err(), it.Error(), it.Close())
 }

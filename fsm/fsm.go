@@ -347,12 +347,9 @@ func loadState(db *storage.DB, shift uint8) (state, error) {
 		if !ok {
 			return fmt.Errorf("bad bucket key %x", k)
 		}
-		e, err := decodeBucketEntry(v)
+		e, err := decodeBucketEntry(v, shift)
 		if err != nil {
 			return err
-		}
-		if e.legacy && e.inserts == 0 {
-			e.shift = shift
 		}
 		st.buckets[nsID] = append(st.buckets[nsID], b) // keys are sorted
 		st.registry[bloom.Key{Namespace: nsID, Bucket: b}] = e

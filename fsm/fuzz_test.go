@@ -90,7 +90,7 @@ func FuzzDecodeBucketEntry(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{1, 2, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		e, err := decodeBucketEntry(data)
+		e, err := decodeBucketEntry(data, windowShift)
 		if err != nil {
 			return
 		}
@@ -101,7 +101,7 @@ func FuzzDecodeBucketEntry(f *testing.F) {
 			return
 		}
 		enc := appendBucketEntry(nil, e)
-		if e2, err := decodeBucketEntry(enc); err != nil || e2 != e {
+		if e2, err := decodeBucketEntry(enc, windowShift); err != nil || e2 != e {
 			t.Fatalf("%x decodes to %+v, which encodes to %x, which decodes to %+v, %v", data, e, enc, e2, err)
 		}
 	})

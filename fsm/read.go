@@ -83,7 +83,8 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 		// Filters rebuilding: every live bucket may hold the ID.
 		bs := f.st.buckets[ns.ID]
 		for i := len(bs) - 1; i >= 0; i-- {
-			rec, found, err := f.getRecord(ns, bs[i], id, sc)
+			e, _ := f.bucketEntryLocked(bloom.Key{Namespace: ns.ID, Bucket: bs[i]})
+			rec, found, err := f.getRecord(ns, bs[i], e, id, sc)
 			if err != nil || found {
 				return rec, bs[i], found, err
 			}
@@ -91,10 +92,11 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 		return Record{}, 0, false, nil
 	}
 	for _, b := range sc.cands {
-		if _, live := f.st.registry[bloom.Key{Namespace: ns.ID, Bucket: b}]; !live {
+		e, live := f.bucketEntryLocked(bloom.Key{Namespace: ns.ID, Bucket: b})
+		if !live {
 			continue // chains are dropped with their buckets; never trust one that outlived it
 		}
-		rec, found, err := f.getRecord(ns, b, id, sc)
+		rec, found, err := f.getRecord(ns, b, e, id, sc)
 		if err != nil {
 			return Record{}, 0, false, err
 		}
@@ -107,11 +109,11 @@ func (f *FSM) lookupStored(ns *NamespaceConfig, id []byte, sc *lookupScratch, re
 	return Record{}, 0, false, nil
 }
 
-// getRecord reads id's record in one bucket, trying each of its windows
-// newest first (redeliveries are mostly of recent IDs), then its legacy
-// key if the bucket may have one; it aliases sc.vbuf and sets sc.loc.
-func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScratch) (Record, bool, error) {
-	e := f.bucketEntryLocked(bloom.Key{Namespace: ns.ID, Bucket: b})
+// getRecord reads id's record in bucket b (registry entry e), trying each
+// of its windows newest first (redeliveries are mostly of recent IDs),
+// then its legacy key if the bucket may have one; it aliases sc.vbuf and
+// sets sc.loc.
+func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, e bucketEntry, id []byte, sc *lookupScratch) (Record, bool, error) {
 	r := sc.reader
 	if r == nil {
 		// One iterator for every window of this lookup.
@@ -119,40 +121,41 @@ func (f *FSM) getRecord(ns *NamespaceConfig, b uint64, id []byte, sc *lookupScra
 		defer own.Release()
 		r = &own
 	}
-	for w := e.windows(); ; w-- {
-		loc := storage.WindowLoc(w - 1)
-		if w == 0 {
-			if !e.legacy {
-				return Record{}, false, nil
-			}
-			loc = storage.LegacyLoc
-		}
+	get := func(loc storage.Loc) (Record, bool, error) {
 		sc.kbuf = storage.AppendRecordKey(sc.kbuf[:0], ns.ID, b, loc, id)
 		v, found, err := r.Get(f.db, sc.kbuf, sc.vbuf[:0])
 		sc.vbuf = v
 		if err != nil {
 			return Record{}, false, fmt.Errorf("get record: %w", err)
 		}
-		if found {
-			rec, err := decodeRecord(v)
-			sc.loc = loc
-			return rec, err == nil, err
-		}
-		if w == 0 {
+		if !found {
 			return Record{}, false, nil
 		}
+		sc.loc = loc
+		rec, err := decodeRecord(v)
+		return rec, err == nil, err
 	}
+	for w := e.windows(); w > 0; w-- {
+		if rec, found, err := get(storage.WindowLoc(w - 1)); err != nil || found {
+			return rec, found, err
+		}
+	}
+	if e.legacy {
+		return get(storage.LegacyLoc)
+	}
+	return Record{}, false, nil
 }
 
 // bucketEntryLocked is k's registry entry, with the records the applier
-// has added to its hot bucket and not yet folded in. REQUIRES: f.mu held.
-func (f *FSM) bucketEntryLocked(k bloom.Key) bucketEntry {
-	e := f.st.registry[k]
+// has added to its hot bucket and not yet folded in, and whether the
+// bucket is live. REQUIRES: f.mu held.
+func (f *FSM) bucketEntryLocked(k bloom.Key) (bucketEntry, bool) {
+	e, ok := f.st.registry[k]
 	if a := f.applier; a.hotSet && a.hot == k {
 		e.count += a.hotN
 		e.inserts += a.hotN
 	}
-	return e
+	return e, ok
 }
 
 // Check answers, for each id, whether it is recorded and live at nowMs in

@@ -71,15 +71,18 @@ func appendBucketEntry(dst []byte, e bucketEntry) []byte {
 	return append(dst, e.shift, flags)
 }
 
-func decodeBucketEntry(v []byte) (bucketEntry, error) {
+// decodeBucketEntry parses a registry value; a bucket registered by a
+// version without windows gets windows of 1<<legacyShift records for its
+// new ones.
+func decodeBucketEntry(v []byte, legacyShift uint8) (bucketEntry, error) {
 	n, k := binary.Uvarint(v)
 	if k <= 0 {
 		return bucketEntry{}, fmt.Errorf("bucket registry value %x: bad count", v)
 	}
 	if k == len(v) {
 		// Written by a version without windows: every record it holds is
-		// under its legacy key. (loadState may give it another shift.)
-		return bucketEntry{count: n, shift: windowShift, legacy: true}, nil
+		// under its legacy key.
+		return bucketEntry{count: n, shift: legacyShift, legacy: true}, nil
 	}
 	ins, k2 := binary.Uvarint(v[k:])
 	if k2 <= 0 || len(v) != k+k2+2 {
