@@ -106,6 +106,73 @@ func benchApplyRandom(b *testing.B, buckets int) {
 	cpu.report(b, f)
 }
 
+// BenchmarkApplyMarkNewAgedBuckets is the steady state of a namespace
+// with the default 24 h TTL: new IDs marked while 24 earlier buckets are
+// full (200k random IDs each, sized Bloom filters), so about one new ID
+// in five has a candidate bucket whose filter cannot rule it out, and its
+// lookup reads storage. With windows of 2^13 records each full bucket
+// holds 25 of them, as a bucket of 25M IDs would with windows of 2^20
+// records (the layout of 0d70e03), and each such lookup seeks all 25.
+// reads-storage/id is the share of new IDs whose lookup read storage.
+//
+//	go test ./fsm -run '^$' -bench ApplyMarkNewAgedBuckets -benchtime 400000x
+func BenchmarkApplyMarkNewAgedBuckets(b *testing.B) {
+	for _, w := range []struct {
+		name  string
+		shift uint8
+	}{{"windows=1", windowShift}, {"windows=25", 13}} {
+		b.Run(w.name, func(b *testing.B) { benchAgedBuckets(b, w.shift) })
+	}
+}
+
+func benchAgedBuckets(b *testing.B, shift uint8) {
+	const perBucket, buckets, perEntry, perBatch = 200_000, 24, 200, 4
+	f := newBenchFSM(b, Config{Dir: b.TempDir(), Bloom: bloom.Config{ExpectedPerBucket: perBucket}, windowShift: shift})
+	width := DefaultNamespaceConfig("x").BucketWidthMs
+	rng := rand.New(rand.NewPCG(1, 2))
+	var index uint64
+	ts := t0
+	mkLog := func() *raft.Log {
+		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
+		tok := make([]byte, 16)
+		binary.BigEndian.PutUint64(tok, rng.Uint64())
+		for i := range op.Items {
+			id := make([]byte, 16)
+			binary.BigEndian.PutUint64(id, rng.Uint64())
+			binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+			op.Items[i] = Item{ID: id, Token: tok}
+		}
+		index++
+		return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
+	}
+	for range buckets {
+		for range perBucket / perEntry {
+			f.ApplyBatch([]*raft.Log{mkLog()})
+		}
+		ts += width // the next IDs expire in the next bucket
+	}
+	commitBuffer(f)
+	if err := f.db.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	maybe := f.filters.Stats().MaybeLookups
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := startCPU()
+	for n := 0; n < b.N; n += perEntry * perBatch {
+		b.StopTimer()
+		logs := make([]*raft.Log, perBatch)
+		for i := range logs {
+			logs[i] = mkLog()
+		}
+		b.StartTimer()
+		f.ApplyBatch(logs)
+	}
+	b.StopTimer()
+	cpu.report(b, f)
+	b.ReportMetric(float64(f.filters.Stats().MaybeLookups-maybe)/float64(b.N), "reads-storage/id")
+}
+
 // BenchmarkApplyMarkDuplicates is a redelivery storm as the FSM sees it:
 // Marks of IDs already stored (1M random 16-byte IDs, committed and
 // flushed to sstables first), 200 per entry, 4 entries per ApplyBatch, in

@@ -251,3 +251,73 @@ func TestWindowsHoldABucketsRecordsInWriteOrder(t *testing.T) {
 	}
 	wantCode(t, "absent", h.check(t0+1, "w-99"), CodeNotSeen)
 }
+
+// A bucket keeps the window size it was created with when a later version
+// creates buckets with another (this version's one window a bucket, after
+// 0d70e03's windows of 2^20 records): its new records go on filling its
+// windows in order, a new bucket's all go to window 0, and every record is
+// found, from the buffer and from the database, before and after a
+// restart.
+func TestBucketsKeepTheirWindowSizeWhenNewOnesGetAnother(t *testing.T) {
+	h := newHarness(t) // windows of 4 records, as an older version's
+	waitReady(t, h.f)
+	old := func(i int) string { return fmt.Sprintf("old-%02d", i) }
+	fresh := func(i int) string { return fmt.Sprintf("new-%02d", i) }
+	const minute, twoHours = 60_000, 2 * 3_600_000 // two buckets (1 h wide)
+	for i := range 10 {
+		wantCode(t, "old bucket, old version", h.mark(t0, old(i), minute), CodeNew)
+	}
+
+	h.cfg.windowShift = windowShift
+	h.reopen()
+	waitReady(t, h.f)
+	for i := 10; i < 16; i++ {
+		wantCode(t, "old bucket, new version", h.mark(t0, old(i), minute), CodeNew)
+	}
+	for i := range 9 {
+		wantCode(t, "new bucket", h.mark(t0, fresh(i), twoHours), CodeNew)
+	}
+	answers := func(when string) {
+		t.Helper()
+		for i := range 16 {
+			wantCode(t, when+": duplicate "+old(i), h.mark(t0+1, old(i), minute), CodeDuplicate)
+			wantCode(t, when+": check "+old(i), h.check(t0+1, old(i)), CodeSeen)
+		}
+		for i := range 9 {
+			wantCode(t, when+": duplicate "+fresh(i), h.mark(t0+1, fresh(i), twoHours), CodeDuplicate)
+			wantCode(t, when+": check "+fresh(i), h.check(t0+1, fresh(i)), CodeSeen)
+		}
+		wantCode(t, when+": absent", h.check(t0+1, "never"), CodeNotSeen)
+	}
+	answers("buffered")
+	h.f.mu.Lock()
+	h.f.flushLocked()
+	h.f.mu.Unlock()
+
+	got := map[string]storage.Loc{}
+	err := scanRecords(h.f.db, func(k, _ []byte) error {
+		_, _, loc, rid, ok := storage.ParseRecordKey(k)
+		if !ok {
+			return fmt.Errorf("bad record key %x", k)
+		}
+		got[string(rid)] = loc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]storage.Loc{}
+	for i := range 16 {
+		want[old(i)] = storage.WindowLoc(uint32(i / 4))
+	}
+	for i := range 9 {
+		want[fresh(i)] = storage.WindowLoc(0)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("record windows:\n got %v\nwant %v", got, want)
+	}
+	answers("stored")
+	h.reopen()
+	waitReady(t, h.f)
+	answers("after a restart")
+}

@@ -7,25 +7,25 @@ import (
 	"github.com/dedupnode/dedupnode/storage"
 )
 
-// windowShift sets the size of a write window: every 1<<windowShift
-// records written into a bucket open its next window (storage keys each
-// record by bucket, then window, then ID). Message IDs are random, so
-// with one key range per bucket every sstable Pebble flushed spanned the
-// whole bucket and each compaction rewrote the bucket's older records
-// (about 600 bytes of compaction writes per acknowledged ID on 3 nodes);
-// with windows, new files overlap only the newest window and older ones
-// move down the levels whole. The price is on lookups that reach storage
-// (IDs the Bloom filters call "maybe": duplicates and ≈ 1 % of new IDs):
-// one seek per window of the bucket, newest first, where one seek was
-// made. 2^20 records is ≈ 50 MiB of sstables per node in the benchmark;
-// a bucket (at most an hour wide) fed 10k IDs/s holds ≈ 35 windows.
-// Windows of 2^18 records measured slower, of 2^22 alike at twice the
-// compaction writes (docs/PERFORMANCE.md, "Write windows"). Every replica
-// must give a bucket the same shift (its keys depend on it): a version
-// that changes it for new buckets must carry the shift in the log, not
-// read it from its own constant, or replicas of mixed versions would key
-// the same bucket differently.
-const windowShift = 20
+// windowShift is the window size (log2 records) of the buckets this
+// version creates: 2^40 records, so each new bucket is one window, one key
+// range, as before windows. Storage keys a record by bucket, then window,
+// then ID, and the version before this one (0d70e03) opened a new window
+// every 2^20 records. That took compaction writes from the filling bucket
+// (message IDs are random, so with one range per bucket every flushed
+// sstable spans it and compactions rewrite its older records) and measured
+// +12 % IDs in runs that fill one bucket. But a lookup that reaches
+// storage seeks every window of each candidate bucket, and in the steady
+// state a new ID's candidates are the Bloom false positives of about 24
+// full buckets (≈ 0.2 per ID), each of ≈ 1 window per million records:
+// with 25 windows a bucket, new IDs cost 2.4–3.6× the CPU of one window
+// (BenchmarkApplyMarkNewAgedBuckets; docs/PERFORMANCE.md, "Write windows
+// reverted"), and a bucket fed 30k IDs/s for an hour holds 100 windows.
+// Windows stay readable: buckets keep the shift they were created with.
+// Every replica must give a bucket the same shift (its keys depend on
+// it): replicas of versions with different shifts key new buckets
+// differently, which only `digest` sees (docs/OPERATIONS.md).
+const windowShift = 40
 
 // bucketEntry is the FSM's view of one live bucket, mirrored in its
 // registry key ('b' nsID bucket).
