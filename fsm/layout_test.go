@@ -321,3 +321,81 @@ func TestBucketsKeepTheirWindowSizeWhenNewOnesGetAnother(t *testing.T) {
 	waitReady(t, h.f)
 	answers("after a restart")
 }
+
+// Two replicas that give new buckets different window sizes (versions
+// 0d70e03 and later, during a rolling upgrade) apply the same entries:
+// every answer is the same, on marks and on checks, but their digests
+// differ, since the registry entries (and past one window, the keys)
+// differ. docs/OPERATIONS.md tells operators so.
+func TestReplicasWithDifferentWindowSizesAnswerAlikeAndDigestApart(t *testing.T) {
+	windowed := newHarness(t) // windows of 4 records
+	single := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000}, windowShift: windowShift})
+	var entries []Op
+	for i := range 30 {
+		entries = append(entries, Op{Kind: OpMark, DurationMs: 60_000, Items: []Item{{ID: fmt.Appendf(nil, "id-%02d", i%20)}}})
+	}
+	entries = append(entries,
+		Op{Kind: OpForget, Items: []Item{{ID: []byte("id-03")}}},
+		Op{Kind: OpMark, DurationMs: 7_200_000, Items: []Item{{ID: []byte("id-03")}}})
+	for i, op := range entries {
+		a, b := windowed.one(t0+int64(i), op), single.one(t0+int64(i), op)
+		if a.Code != b.Code {
+			t.Fatalf("entry %d (%s %s): %s with windows of 4, %s with one window", i, op.Kind, op.Items[0].ID, a.Code, b.Code)
+		}
+	}
+	for _, h := range []*harness{windowed, single} {
+		h.f.mu.Lock()
+		h.f.flushLocked()
+		h.f.mu.Unlock()
+	}
+	ids := [][]byte{[]byte("id-00"), []byte("id-03"), []byte("id-19"), []byte("id-20")}
+	a, err := windowed.f.Check("", ids, t0+100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := single.f.Check("", ids, t0+100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ids {
+		if a[i].Code != b[i].Code {
+			t.Fatalf("check %s: %s with windows of 4, %s with one window", ids[i], a[i].Code, b[i].Code)
+		}
+	}
+	if got := []Code{a[0].Code, a[1].Code, a[2].Code, a[3].Code}; fmt.Sprint(got) != fmt.Sprint([]Code{CodeSeen, CodeSeen, CodeSeen, CodeNotSeen}) {
+		t.Fatalf("checks answered %v", got)
+	}
+	da, err := windowed.f.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := single.f.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(da, db) {
+		t.Fatal("replicas with different window sizes have equal digests; docs/OPERATIONS.md says they differ")
+	}
+}
+
+// One window a bucket holds any number of records: with this version's
+// shift the window of the record after 2^32 inserts is still 0.
+func TestOneWindowHoldsEveryInsert(t *testing.T) {
+	for _, inserts := range []uint64{0, 1, 1 << 20, 1<<32 + 5, 1<<40 - 1} {
+		e := bucketEntry{inserts: inserts, shift: windowShift}
+		if got := e.nextLoc(); got != storage.WindowLoc(0) {
+			t.Errorf("after %d inserts the next record goes to %v, want window 0", inserts, got)
+		}
+		want := uint32(1)
+		if inserts == 0 {
+			want = 0
+		}
+		if got := e.windows(); got != want {
+			t.Errorf("after %d inserts: %d windows, want %d", inserts, got, want)
+		}
+		enc := appendBucketEntry(nil, e)
+		if d, err := decodeBucketEntry(enc, 20); err != nil || d != e {
+			t.Errorf("round trip of %+v: %+v, %v", e, d, err)
+		}
+	}
+}

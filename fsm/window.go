@@ -13,18 +13,25 @@ import (
 // then ID, and the version before this one (0d70e03) opened a new window
 // every 2^20 records. That took compaction writes from the filling bucket
 // (message IDs are random, so with one range per bucket every flushed
-// sstable spans it and compactions rewrite its older records) and measured
-// +12 % IDs in runs that fill one bucket. But a lookup that reaches
-// storage seeks every window of each candidate bucket, and in the steady
-// state a new ID's candidates are the Bloom false positives of about 24
-// full buckets (≈ 0.2 per ID), each of ≈ 1 window per million records:
-// with 25 windows a bucket, new IDs cost 2.4–3.6× the CPU of one window
-// (BenchmarkApplyMarkNewAgedBuckets; docs/PERFORMANCE.md, "Write windows
-// reverted"), and a bucket fed 30k IDs/s for an hour holds 100 windows.
-// Windows stay readable: buckets keep the shift they were created with.
-// Every replica must give a bucket the same shift (its keys depend on
-// it): replicas of versions with different shifts key new buckets
-// differently, which only `digest` sees (docs/OPERATIONS.md).
+// sstable spans it and compactions rewrite its older records): +12 % IDs
+// in session 21's runs that fill one bucket, +14 % in session 22's. But a
+// lookup that reaches storage seeks every window of each candidate bucket,
+// and in the steady state a new ID's candidates are the Bloom false
+// positives of about 24 full buckets (≈ 0.2 per ID), each of ≈ 1 window
+// per million records: with 25 windows a bucket, new IDs cost 2.6–3.6×
+// the CPU of one window (BenchmarkApplyMarkNewAgedBuckets;
+// docs/PERFORMANCE.md, "Write windows reverted"), and a bucket fed 30k
+// IDs/s for an hour holds 100 windows.
+//
+// Buckets keep the shift they were created with, so windows stay
+// readable. The shift comes from this constant, not from the log:
+// replicas of versions with different shifts give a bucket created while
+// both apply entries (and a legacy bucket's new records) different
+// registry entries, and past 2^20 records different keys. Answers are
+// alike, since each replica reads its own registry, but `digest` reports
+// the replicas as differing until those buckets expire
+// (docs/OPERATIONS.md). A later change of the shift should come from the
+// log.
 const windowShift = 40
 
 // bucketEntry is the FSM's view of one live bucket, mirrored in its

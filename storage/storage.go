@@ -14,13 +14,12 @@
 // A record lives under the bucket of its expiry (expiresMs / bucketWidthMs),
 // so every key of a fully expired bucket is contiguous: DeleteRange over
 // ['w' ns b, 'w' ns b+1) (and the legacy range, BucketRanges) drops them
-// all at O(1) write cost and compaction returns the space (see DESIGN.md). Within its bucket a record lives
-// under its write window: the bucket's insert count when it was written,
-// divided by a fixed window size (fsm decides). IDs are random, so without
-// windows every flushed sstable spans its whole bucket and every
-// compaction rewrites the bucket's older records; with them new files
-// overlap only the newest window. Records written by versions before
-// windows keep their 'r' keys (fsm reads both).
+// all at O(1) write cost and compaction returns the space (see DESIGN.md).
+// Within its bucket a record lives under its write window: the bucket's
+// insert count when it was written, shifted by the bucket's window size
+// (fsm decides, and gives the buckets it creates now one window; buckets
+// of 0d70e03 have windows of 2^20 records). Records written by versions
+// before windows keep their 'r' keys (fsm reads both).
 package storage
 
 import (
