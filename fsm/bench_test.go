@@ -71,17 +71,8 @@ func benchApplyRandom(b *testing.B, buckets int) {
 	var index uint64
 	ts := t0
 	mkLog := func() *raft.Log {
-		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
-		tok := make([]byte, 16)
-		binary.BigEndian.PutUint64(tok, rng.Uint64())
-		for i := range op.Items {
-			id := make([]byte, 16)
-			binary.BigEndian.PutUint64(id, rng.Uint64())
-			binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-			op.Items[i] = Item{ID: id, Token: tok}
-		}
 		index++
-		return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
+		return randomMarkLog(rng, index, ts, perEntry)
 	}
 	// Fill buckets-1 earlier buckets (1 000 IDs each) so they are live.
 	for i := 1; i < buckets; i++ {
@@ -104,6 +95,21 @@ func benchApplyRandom(b *testing.B, buckets int) {
 	}
 	b.StopTimer()
 	cpu.report(b, f)
+}
+
+// randomMarkLog is log entry index: a Mark of n random 16-byte IDs sharing
+// one random request token, at ts, as a client's batch replicates.
+func randomMarkLog(rng *rand.Rand, index uint64, ts int64, n int) *raft.Log {
+	op := Op{Kind: OpMark, Items: make([]Item, n)}
+	tok := make([]byte, 16)
+	binary.BigEndian.PutUint64(tok, rng.Uint64())
+	for i := range op.Items {
+		id := make([]byte, 16)
+		binary.BigEndian.PutUint64(id, rng.Uint64())
+		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+		op.Items[i] = Item{ID: id, Token: tok}
+	}
+	return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
 }
 
 // BenchmarkApplyMarkNewAgedBuckets is the steady state of a namespace
@@ -133,17 +139,8 @@ func benchAgedBuckets(b *testing.B, shift uint8) {
 	var index uint64
 	ts := t0
 	mkLog := func() *raft.Log {
-		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
-		tok := make([]byte, 16)
-		binary.BigEndian.PutUint64(tok, rng.Uint64())
-		for i := range op.Items {
-			id := make([]byte, 16)
-			binary.BigEndian.PutUint64(id, rng.Uint64())
-			binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-			op.Items[i] = Item{ID: id, Token: tok}
-		}
 		index++
-		return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
+		return randomMarkLog(rng, index, ts, perEntry)
 	}
 	for range buckets {
 		for range perBucket / perEntry {

@@ -225,18 +225,7 @@ func TestWindowsHoldABucketsRecordsInWriteOrder(t *testing.T) {
 	h.f.flushLocked()
 	h.f.mu.Unlock()
 
-	got := map[string]storage.Loc{}
-	err := scanRecords(h.f.db, func(k, _ []byte) error {
-		_, _, loc, rid, ok := storage.ParseRecordKey(k)
-		if !ok {
-			return fmt.Errorf("bad record key %x", k)
-		}
-		got[string(rid)] = loc
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := recordLocs(t, h.f)
 	want := map[string]storage.Loc{"lease": storage.WindowLoc(n / 4)}
 	for i := range n {
 		want[id(i)] = storage.WindowLoc(uint32(i / 4))
@@ -294,18 +283,7 @@ func TestBucketsKeepTheirWindowSizeWhenNewOnesGetAnother(t *testing.T) {
 	h.f.flushLocked()
 	h.f.mu.Unlock()
 
-	got := map[string]storage.Loc{}
-	err := scanRecords(h.f.db, func(k, _ []byte) error {
-		_, _, loc, rid, ok := storage.ParseRecordKey(k)
-		if !ok {
-			return fmt.Errorf("bad record key %x", k)
-		}
-		got[string(rid)] = loc
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := recordLocs(t, h.f)
 	want := map[string]storage.Loc{}
 	for i := range 16 {
 		want[old(i)] = storage.WindowLoc(uint32(i / 4))
@@ -398,4 +376,22 @@ func TestOneWindowHoldsEveryInsert(t *testing.T) {
 			t.Errorf("round trip of %+v: %+v, %v", e, d, err)
 		}
 	}
+}
+
+// recordLocs maps every stored record's ID to where its key puts it.
+func recordLocs(t *testing.T, f *FSM) map[string]storage.Loc {
+	t.Helper()
+	got := map[string]storage.Loc{}
+	err := scanRecords(f.db, func(k, _ []byte) error {
+		_, _, loc, rid, ok := storage.ParseRecordKey(k)
+		if !ok {
+			return fmt.Errorf("bad record key %x", k)
+		}
+		got[string(rid)] = loc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
