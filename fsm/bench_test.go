@@ -117,12 +117,7 @@ func randomMarkLog(rng *rand.Rand, index uint64, ts int64, n int) *raft.Log {
 //
 //	go test ./fsm -run '^$' -bench ApplyMarkNewAgedBuckets -benchtime 400000x
 func BenchmarkApplyMarkNewAgedBuckets(b *testing.B) {
-	for _, w := range []struct {
-		name  string
-		shift uint8
-	}{{"windows=1", windowShift}, {"windows=25", 13}} {
-		b.Run(w.name, func(b *testing.B) { benchAgedBuckets(b, w.shift) })
-	}
+	runWithWindows(b, benchAgedBuckets, windowShift, 13)
 }
 
 func benchAgedBuckets(b *testing.B, shift uint8) {
@@ -162,11 +157,14 @@ func BenchmarkApplyMarkDuplicates(b *testing.B) {
 	// The 1M IDs in one write window (the default size), and in 8 (a
 	// window of 2^17 records): each lookup then seeks the windows newest
 	// first until it finds its ID, 4.5 seeks on average.
-	for _, w := range []struct {
-		name  string
-		shift uint8
-	}{{"windows=1", windowShift}, {"windows=8", 17}} {
-		b.Run(w.name, func(b *testing.B) { benchMarkDuplicates(b, w.shift) })
+	runWithWindows(b, benchMarkDuplicates, windowShift, 17)
+}
+
+// runWithWindows runs bench once per window size (log2 records), as
+// sub-benchmarks named by the size.
+func runWithWindows(b *testing.B, bench func(*testing.B, uint8), shifts ...uint8) {
+	for _, shift := range shifts {
+		b.Run(fmt.Sprintf("window=2^%d", shift), func(b *testing.B) { bench(b, shift) })
 	}
 }
 
