@@ -13,15 +13,14 @@ import (
 // then ID, and the version before this one (0d70e03) opened a new window
 // every 2^20 records. That took compaction writes from the filling bucket
 // (message IDs are random, so with one range per bucket every flushed
-// sstable spans it and compactions rewrite its older records): +12 % IDs
-// in session 21's runs that fill one bucket, +14 % in session 22's. But a
-// lookup that reaches storage seeks every window of each candidate bucket,
-// and in the steady state a new ID's candidates are the Bloom false
-// positives of about 24 full buckets (≈ 0.2 per ID), each of ≈ 1 window
-// per million records: with 25 windows a bucket, new IDs cost 2.6–3.6×
-// the CPU of one window (BenchmarkApplyMarkNewAgedBuckets;
-// docs/PERFORMANCE.md, "Write windows reverted"), and a bucket fed 30k
-// IDs/s for an hour holds 100 windows.
+// sstable spans it and compactions rewrite its older records): +12–14 %
+// IDs in alternated runs that fill one bucket. But a lookup that reaches
+// storage seeks every window of each candidate bucket, and in the steady
+// state a new ID's candidates are the Bloom false positives of about 24
+// full buckets (≈ 0.2 per ID), each of ≈ 1 window per million records:
+// with 25 windows a bucket, new IDs cost 2.6–3.6× the CPU of one window
+// (BenchmarkApplyMarkNewAgedBuckets; docs/PERFORMANCE.md, "Write windows
+// reverted"), and a bucket fed 30k IDs/s for an hour holds 100 windows.
 //
 // Buckets keep the shift they were created with, so windows stay
 // readable. The shift comes from this constant, not from the log:
