@@ -383,16 +383,7 @@ func BenchmarkApplyMarkNew3FSMs(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var logs []*raft.Log
 	for n, index := 0, uint64(1); n < b.N; n, index = n+perEntry, index+1 {
-		op := Op{Kind: OpMark, Items: make([]Item, perEntry)}
-		tok := make([]byte, 16)
-		binary.BigEndian.PutUint64(tok, rng.Uint64())
-		for i := range op.Items {
-			id := make([]byte, 16)
-			binary.BigEndian.PutUint64(id, rng.Uint64())
-			binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-			op.Items[i] = Item{ID: id, Token: tok}
-		}
-		logs = append(logs, logOf(index, &Command{TimestampMs: t0, Ops: []Op{op}}))
+		logs = append(logs, randomMarkLog(rng, index, t0, perEntry))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
