@@ -98,12 +98,17 @@ func randomMarkLog(rng *rand.Rand, index uint64, ts int64, n int) *raft.Log {
 	tok := make([]byte, 16)
 	binary.BigEndian.PutUint64(tok, rng.Uint64())
 	for i := range op.Items {
-		id := make([]byte, 16)
-		binary.BigEndian.PutUint64(id, rng.Uint64())
-		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-		op.Items[i] = Item{ID: id, Token: tok}
+		op.Items[i] = Item{ID: randomID(rng), Token: tok}
 	}
 	return logOf(index, &Command{TimestampMs: ts, Ops: []Op{op}})
+}
+
+// randomID is a random 16-byte message ID.
+func randomID(rng *rand.Rand) []byte {
+	id := make([]byte, 16)
+	binary.BigEndian.PutUint64(id, rng.Uint64())
+	binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+	return id
 }
 
 // BenchmarkApplyMarkNewAgedBuckets is the steady state of a namespace
@@ -174,10 +179,7 @@ func benchMarkDuplicates(b *testing.B, shift uint8) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ids := make([][]byte, stored)
 	for i := range ids {
-		id := make([]byte, 16)
-		binary.BigEndian.PutUint64(id, rng.Uint64())
-		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-		ids[i] = id
+		ids[i] = randomID(rng)
 	}
 	var index uint64
 	mkLog := func(next func() []byte) *raft.Log {
@@ -300,10 +302,7 @@ func BenchmarkCheckHit16(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ids := make([][]byte, stored)
 	for i := range ids {
-		id := make([]byte, 16)
-		binary.BigEndian.PutUint64(id, rng.Uint64())
-		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
-		ids[i] = id
+		ids[i] = randomID(rng)
 	}
 	for e := range stored / 10_000 {
 		op := Op{Kind: OpMark, Items: make([]Item, 10_000)}
