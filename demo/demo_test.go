@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -156,4 +158,34 @@ func TestDemoRabbitMQ(t *testing.T) {
 		t.Fatalf("faults missing: %+v", s)
 	}
 	t.Logf("%+v", s)
+}
+
+// A seed fixes every draw of the fault plan: the nth run of an event draws
+// the same number whichever order the runs come in, so a test with a fixed
+// seed injects the same first-run crashes and stalls every time.
+func TestFaultPlanDrawsAreFixedBySeedNotByOrder(t *testing.T) {
+	events := []event{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	forward, backward := newFaultPlan(42, events), newFaultPlan(42, events)
+	var fw, bw [][]float64
+	for range 2 {
+		var f, b []float64
+		for i := range events {
+			f = append(f, forward.roll(events[i].ID))
+			b = append(b, backward.roll(events[len(events)-1-i].ID))
+		}
+		slices.Reverse(b)
+		fw, bw = append(fw, f), append(bw, b)
+	}
+	if !reflect.DeepEqual(fw, bw) {
+		t.Fatalf("draws depend on order: %v against %v", fw, bw)
+	}
+	if fw[0][0] == fw[1][0] {
+		t.Fatalf("an event's second run drew its first run's number %v", fw[0][0])
+	}
+	if other := newFaultPlan(43, events).roll("a"); other == fw[0][0] {
+		t.Fatalf("seeds 42 and 43 drew the same %v", other)
+	}
+	if d := forward.roll("not-planned"); d != 1 {
+		t.Fatalf("an ID outside the plan drew %v, want 1 (no fault)", d)
+	}
 }

@@ -77,7 +77,8 @@ type Config struct {
 	// outlast a leader election (about a second here) so that commits land
 	// in time.
 	Lease time.Duration
-	// Seed seeds the event generator (default: the current time).
+	// Seed seeds the event generator and the crashes and stalls, which
+	// are drawn per event and run (default: the current time).
 	Seed uint64
 	// Timeout bounds the whole run (default 15 min).
 	Timeout time.Duration
@@ -218,8 +219,40 @@ type demoRun struct {
 	deliveries, redeliveries, duplicates, deferred, failures, unavailable, unconfirmed atomic.Int64
 	crashes, stalls, kills                                                             atomic.Int64
 
+	faults *faultPlan
+
 	mu     sync.Mutex
 	atRisk map[string]bool // IDs with a run whose commit was unconfirmed
+}
+
+// faultPlan decides whether a handler run crashes or stalls. The roll is a
+// function of the seed, the event and how many times that event has run, so
+// a seed fixes which events fail their first run however deliveries
+// interleave: a run with a fixed seed injects at least the same faults
+// every time.
+type faultPlan struct {
+	seed  uint64
+	index map[string]int  // event ID -> its place in the plan
+	runs  []atomic.Uint32 // handler runs so far, per event
+}
+
+func newFaultPlan(seed uint64, events []event) *faultPlan {
+	p := &faultPlan{seed: seed, index: make(map[string]int, len(events)), runs: make([]atomic.Uint32, len(events))}
+	for i, ev := range events {
+		p.index[ev.ID] = i
+	}
+	return p
+}
+
+// roll counts a run of the event and returns its draw in [0, 1); an ID
+// that is not in the plan draws 1, no fault.
+func (p *faultPlan) roll(id string) float64 {
+	i, ok := p.index[id]
+	if !ok {
+		return 1
+	}
+	run := p.runs[i].Add(1) - 1
+	return rand.New(rand.NewPCG(p.seed, uint64(i)<<32|uint64(run))).Float64()
 }
 
 var errCrashed = errors.New("consumer crashed")
@@ -306,6 +339,7 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 		}
 		sum.ExpectedTotal += events[i].Amount
 	}
+	r.faults = newFaultPlan(cfg.Seed, events)
 	retryDelay := make(map[int]time.Duration)
 	for i := range events {
 		if rng.Float64() < cfg.RetryRate {
@@ -629,7 +663,7 @@ func (r *demoRun) handler(crash func()) func(ctx context.Context, body []byte) e
 		if err := json.Unmarshal(body, &ev); err != nil {
 			return err
 		}
-		switch roll := rand.Float64(); {
+		switch roll := r.faults.roll(ev.ID); {
 		case roll < r.cfg.CrashRate:
 			crash()
 			return errCrashed

@@ -163,7 +163,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.Float64Var(&cfg.StallRate, "stall-rate", cfg.StallRate, "chance (`0..1`) that a delivery stalls its handler past AckWait")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", 2*time.Second, "JetStream AckWait and RabbitMQ consumer_timeout: an unacknowledged delivery is redelivered after this `DURATION` (stalls last 1.5 × it on every broker)")
 	fs.DurationVar(&cfg.Lease, "lease", 5*time.Second, "claim lease per message: a crashed consumer's messages are processed again after this `DURATION`")
-	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` for the events (0: from the clock)")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` for the events and the crashes and stalls among them (0: from the clock)")
 	cfg.Timeout = 15 * time.Minute
 	fs.Var(durationValue{&cfg.Timeout}, "timeout", "give up after this `DURATION`")
 	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, the broker's and the ledger's data in `DIR` (default: a temporary folder, deleted)")
