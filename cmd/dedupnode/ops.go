@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/fsm"
@@ -228,9 +230,13 @@ func newOpCmd(e *env, o op) *cobra.Command {
 IDs come as arguments, or one per line on standard input with "-" (blank
 lines are skipped; an empty argument is a usage error). Output: one line per
 ID: the ID, a tab, the result, then tab-separated details (state=leased,
-fencing_token, expires_at); --output json prints one JSON object per line
-with id, result and, when they apply, state, first_seen, expires_at,
-fencing_token and request_token.
+fencing_token, expires_at). An ID that holds a tab, a newline, another
+control character, invalid UTF-8 or a non-printable character, or that
+starts with '"', is printed quoted and escaped as Go's strconv.Quote does
+("a\tb"), so every line is one ID; other IDs are printed as they are.
+--output json prints one JSON object per line with id (id_b64, standard
+base64, for an ID that is not valid UTF-8), result and, when they apply,
+state, first_seen, expires_at, fencing_token and request_token.
 
 Exit status: 0 when every ID got an answer — whatever the answers are
 (` + answersNotErrors(o.name) + ` are results in the output, not
@@ -596,7 +602,8 @@ const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
 // resultJSON is the --output json shape of one item.
 type resultJSON struct {
-	ID           string `json:"id"`
+	ID           string `json:"id,omitempty"`
+	IDB64        string `json:"id_b64,omitempty"` // an ID that is not valid UTF-8, standard base64
 	Result       string `json:"result"`
 	State        string `json:"state,omitempty"`
 	FirstSeen    string `json:"first_seen,omitempty"`
@@ -606,9 +613,39 @@ type resultJSON struct {
 	RequestToken string `json:"request_token,omitempty"`
 }
 
+// textID is id as the text output prints it: as it is, or quoted as Go's
+// strconv.Quote does when printing it as it is would be ambiguous — a tab
+// or newline would split the line, other control characters, invalid
+// UTF-8 and non-printable runes would not read back — or when it starts
+// with a double quote (so that a line's first field starting with '"' is
+// always a quoted ID: strconv.Unquote gives the ID back).
+func textID(id string) string {
+	if needsQuote(id) {
+		return strconv.Quote(id)
+	}
+	return id
+}
+
+func needsQuote(id string) bool {
+	if id == "" || id[0] == '"' || !utf8.ValidString(id) {
+		return true
+	}
+	for _, r := range id {
+		if !strconv.IsPrint(r) {
+			return true
+		}
+	}
+	return false
+}
+
 func printResult(w io.Writer, format, id string, r client.Result) error {
 	if format == "json" {
 		j := resultJSON{ID: id, Result: r.Code.String()}
+		if !utf8.ValidString(id) {
+			// JSON strings are UTF-8: encoding/json would replace the bad
+			// bytes with U+FFFD, losing the ID. As export does: id_b64.
+			j.ID, j.IDB64 = "", base64.StdEncoding.EncodeToString([]byte(id))
+		}
 		if rec := r.Record; rec != nil {
 			if rec.State != client.StateUnknown {
 				j.State = rec.State.String()
@@ -630,7 +667,7 @@ func printResult(w io.Writer, format, id string, r client.Result) error {
 		_, err = fmt.Fprintf(w, "%s\n", b)
 		return err
 	}
-	line := id + "\t" + r.Code.String()
+	line := textID(id) + "\t" + r.Code.String()
 	if rec := r.Record; rec != nil {
 		if rec.State == client.StateLeased && r.Code != client.CodeAcquired {
 			line += "\tstate=leased"
