@@ -349,8 +349,11 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 		if e.LastLeader != "" {
 			where = fmt.Sprintf(" (last known leader %s)", e.LastLeader)
 		}
-		return &opError{err: fmt.Errorf("outcome unknown; retry with the same request token: the write may or may not have been applied%s: %s", where, msg),
-			hint: "re-run the same command once the cluster has a leader (" + statusHint + "): IDs it applied then answer duplicate"}
+		// Writes with request tokens (mark, claim) are explained by
+		// outcomeUnknown, with the token; commit, renew, release and
+		// forget answer a repeat as they did (ok).
+		return &opError{err: fmt.Errorf("outcome unknown: the write may or may not have been applied%s: %s", where, msg),
+			hint: "re-run the same command once the cluster has a leader (" + statusHint + ")"}
 	case errors.Is(err, context.DeadlineExceeded) && e.Kind == nil:
 		e := fmt.Errorf("no answer within --timeout %s", f.timeout)
 		if msg != "" && msg != context.DeadlineExceeded.Error() {

@@ -31,6 +31,7 @@ type opFlags struct {
 	maxStaleness time.Duration
 	fencingToken uint64
 	digest       string
+	requestToken string
 	batch        int
 }
 
@@ -42,11 +43,14 @@ type op struct {
 	example string
 	// flags says which optional flags the command takes.
 	ttl, lease, consistency, fencing, digest bool
+	// token: the command writes with request tokens (--request-token).
+	token bool
 	// read: the command writes nothing (its batches are answered, not
 	// applied).
 	read bool
-	// run sends one batch of entries (IDs, or ID=TOKEN for lease commands).
-	run func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error)
+	// run sends one batch of entries (IDs, or ID=TOKEN for lease commands),
+	// with the request token of the batch (nil unless o.token).
+	run func(ctx context.Context, c *client.Client, f *opFlags, entries []string, token []byte) ([]client.Result, []string, error)
 }
 
 func newOpCmds(e *env) []*cobra.Command {
@@ -63,9 +67,9 @@ reused the ID). The record lives --ttl (default: the namespace's TTL).`,
   dedupnode mark --namespace payments --ttl 5m evt-42
   seq 1 10000 | dedupnode mark -            # IDs one per line on stdin
   dedupnode mark --digest "$(sha256sum < body.json | cut -d' ' -f1)" evt-42`,
-			ttl: true, digest: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
-				items, err := f.items(ids)
+			ttl: true, digest: true, token: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string, token []byte) ([]client.Result, []string, error) {
+				items, err := f.items(ids, token)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -96,7 +100,7 @@ through the leader like linearizable (docs/REGIONS.md).`,
   dedupnode check --addr 127.0.0.1:7073 --consistency bounded --max-staleness 5s order-1
   dedupnode check --output json order-1`,
 			consistency: true, read: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string, _ []byte) ([]client.Result, []string, error) {
 				cons, err := client.ParseConsistency(f.consistency)
 				if err != nil {
 					return nil, nil, usagef("--consistency: %v", err)
@@ -122,9 +126,9 @@ redelivery can claim the ID again.`,
   #   order-7	acquired	fencing_token=12	expires_at=...
   dedupnode commit order-7=12           # success: record it as processed
   dedupnode release order-7=12          # failure: let a redelivery claim it`,
-			lease: true, digest: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
-				items, err := f.items(ids)
+			lease: true, digest: true, token: true,
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string, token []byte) ([]client.Result, []string, error) {
+				items, err := f.items(ids, token)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -143,7 +147,7 @@ it (someone else may have processed the message).`,
 			example: `  dedupnode commit order-7=12
   dedupnode commit --fencing-token 12 --ttl 24h order-7`,
 			ttl: true, fencing: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
 					return nil, nil, err
@@ -160,7 +164,7 @@ lease) while processing takes longer than planned. Name each lease as
 ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
 			example: `  dedupnode renew --lease 2m order-7=12`,
 			lease:   true, fencing: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
 					return nil, nil, err
@@ -177,7 +181,7 @@ at once instead of waiting for the lease to expire. Name each lease as
 ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
 			example: `  dedupnode release order-7=12`,
 			fencing: true,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string) ([]client.Result, []string, error) {
+			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
 					return nil, nil, err
@@ -194,7 +198,7 @@ example to reprocess messages after fixing a bug. It prints "ok" for each ID,
 recorded or not.`,
 			example: `  dedupnode forget order-1 order-2
   cat ids.txt | dedupnode forget -`,
-			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string) ([]client.Result, []string, error) {
+			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string, _ []byte) ([]client.Result, []string, error) {
 				res, err := c.Forget(ctx, f.namespace, bytesOf(ids))
 				return res, ids, err
 			},
@@ -270,6 +274,11 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 	if o.fencing {
 		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
 	}
+	if o.token {
+		fs.StringVar(&f.requestToken, "request-token", "", "request token as `HEX` (1-64 bytes) for every ID, instead of a fresh random one per request: "+
+			"a write repeated with its token answers as the first did ("+map[string]string{"mark": "new stays new", "claim": "acquired stays acquired, with the same fencing token"}[o.name]+
+			"); after an \"outcome unknown\" error, re-run the command it prints, which carries the failed request's token")
+	}
 	if o.digest {
 		fs.StringVar(&f.digest, "digest", "", "payload digest as `HEX` (at most 64 bytes, e.g. a SHA-256) for every ID; the same ID with another digest answers conflict")
 	}
@@ -327,6 +336,13 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 			return usagef("--digest %q: not hex: %v", f.digest, err)
 		}
 	}
+	var given []byte
+	if f.requestToken != "" || cmd.Flags().Changed("request-token") {
+		var err error
+		if given, err = hex.DecodeString(f.requestToken); err != nil || len(given) < 1 || len(given) > 64 {
+			return usagef("--request-token %q: want 1-64 bytes as hex (2-128 hex digits), as an outcome-unknown error prints it", f.requestToken)
+		}
+	}
 	c, err := f.dial(e.ctx, cmd)
 	if err != nil {
 		return explain(err, &f.clientFlags, f.namespace)
@@ -337,7 +353,20 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	return batches(args, e.stdin, f.batch, func(b batch) error {
 		ctx, cancel := f.withTimeout(e.ctx)
 		defer cancel()
-		res, ids, err := o.run(ctx, c, f, b.entries)
+		// The CLI picks each request's token (as the client would, one per
+		// call, kept across its retries), so that an outcome-unknown error
+		// can print it.
+		var token []byte
+		if o.token {
+			token = given
+			if token == nil {
+				token = client.NewRequestToken()
+			}
+		}
+		res, ids, err := o.run(ctx, c, f, b.entries, token)
+		if err != nil && token != nil && errors.Is(err, client.ErrOutcomeUnknown) {
+			return outcomeUnknown(err, e, cmd, &f.clientFlags, b, token)
+		}
 		if err != nil {
 			if te := ttlError(err, cmd); te != nil {
 				return te
@@ -504,12 +533,82 @@ func explainBatch(err error, f *clientFlags, namespace string, b batch, read boo
 	switch {
 	case errors.Is(err, context.Canceled):
 	case errors.Is(err, client.ErrOutcomeUnknown):
-		oe.hint = fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), send the input again from %s on: the IDs of the failed batch it applied then answer duplicate",
+		oe.hint = fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), send the input again from %s on",
 			strings.Join(f.addrs, ","), p.resume)
 	default:
 		oe.hint += fmt.Sprintf("; then send the input again from %s on (the IDs before it were answered above)", p.resume)
 	}
 	return oe
+}
+
+// outcomeUnknown explains a write of batch b, sent with token, whose
+// outcome is unknown: it names the token and prints the command to run
+// again with it (this run's command line with --request-token), whose
+// answers are the ones this run would have printed.
+func outcomeUnknown(err error, e *env, cmd *cobra.Command, f *clientFlags, b batch, token []byte) error {
+	ce := client.AsError(err)
+	where := ""
+	if ce.LastLeader != "" {
+		where = fmt.Sprintf(" (last known leader %s)", ce.LastLeader)
+	}
+	hexTok := hex.EncodeToString(token)
+	msg := fmt.Sprintf("outcome unknown: the write of %s, request token %s, may or may not have been applied%s: %s", b.span(), hexTok, where, ce.Message)
+	if b.sent > 0 {
+		msg += fmt.Sprintf("; %s (%d IDs) applied before", b.sentSpan(), b.sent)
+	}
+	again := "re-run"
+	if b.sent > 0 || b.from[0].line > 0 {
+		again = "send the input again from " + b.from[0].String() + " on to"
+	}
+	return &opError{err: errors.New(msg),
+		hint: fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), %s %s, and each ID answers as this run would have (new stays new; a run without the token would answer duplicate for the IDs applied)",
+			strings.Join(f.addrs, ","), again, rerunWithToken(e, cmd, hexTok))}
+}
+
+// rerunWithToken is this run's command line with --request-token tok (in
+// place of the one given, if any), quoted for a POSIX shell.
+func rerunWithToken(e *env, cmd *cobra.Command, tok string) string {
+	var args []string
+	inserted := false
+	for i := 0; i < len(e.args); i++ {
+		a := e.args[i]
+		switch {
+		case a == "--request-token" && i+1 < len(e.args):
+			i++
+			continue
+		case strings.HasPrefix(a, "--request-token="):
+			continue
+		}
+		args = append(args, a)
+		if !inserted && a == cmd.Name() {
+			args = append(args, "--request-token", tok)
+			inserted = true
+		}
+	}
+	if !inserted {
+		args = append([]string{cmd.Name(), "--request-token", tok}, args...)
+	}
+	out := []string{e.progName}
+	for _, a := range args {
+		out = append(out, shellQuote(a))
+	}
+	return strings.Join(out, " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but
+// letters, digits and - _ . / : = , @ % +.
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-_./:=,@%+", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // itemField is the field, within its item, of an invalid request about one
@@ -547,7 +646,8 @@ func bytesOf(ids []string) [][]byte {
 	return out
 }
 
-func (f *opFlags) items(ids []string) ([]client.Item, error) {
+// items are the IDs as items with --digest and the request token.
+func (f *opFlags) items(ids []string, token []byte) ([]client.Item, error) {
 	var dg []byte
 	if f.digest != "" {
 		var err error
@@ -557,7 +657,7 @@ func (f *opFlags) items(ids []string) ([]client.Item, error) {
 	}
 	items := make([]client.Item, len(ids))
 	for i, id := range ids {
-		items[i] = client.Item{ID: []byte(id), Digest: dg}
+		items[i] = client.Item{ID: []byte(id), Digest: dg, RequestToken: token}
 	}
 	return items, nil
 }

@@ -49,11 +49,14 @@ type env struct {
 	stderr io.Writer
 	// progName is how the user invokes us, for printed examples.
 	progName string
+	// args is the command line after the program name, for printing the
+	// command to run again.
+	args []string
 }
 
 // run executes the command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, progName: progName()}
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, progName: progName(), args: args}
 	root := newRootCmd(e)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
