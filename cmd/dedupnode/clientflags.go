@@ -88,20 +88,37 @@ func tlsHint(err error) string {
 	return "check --tls-ca (the CA that signed the nodes), and --tls-cert/--tls-key if the cluster requires client certificates"
 }
 
-// clientEnvFlags are the client flags that may also come from DEDUPNODE_*.
-var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "timeout"}
+// clientEnvFlags are the flags of client commands that may also come from
+// DEDUPNODE_<FLAG> (applyEnv, as serve's): how to reach the cluster, how
+// to print, and for the per-ID commands which namespace, batch size and
+// consistency. Flags that say what one request writes (--ttl, --lease,
+// --fencing-token, --digest, --request-token, a namespace's settings) never
+// do: a variable left in a shell would silently change later writes.
+// clientEnvHelp says the same in --help.
+var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "timeout", "output",
+	"namespace", "batch", "consistency", "max-staleness"}
+
+// clientEnvHelp is the --help paragraph on DEDUPNODE_* for client commands.
+const clientEnvHelp = `Environment: DEDUPNODE_<FLAG> (upper case, '-' as '_') sets --addr,
+--tls-ca, --tls-cert, --tls-key, --token, --region, --timeout, --output and,
+for mark, check, claim, commit, renew, release and forget, --namespace,
+--batch, --consistency and --max-staleness (DEDUPNODE_ADDR,
+DEDUPNODE_NAMESPACE, ...); a flag given on the command line wins. Flags that
+say what a request writes (--ttl, --lease, --fencing-token, --digest,
+--request-token, namespace settings) are never read from the environment.`
 
 // register adds the shared connection flags (registerConn), --timeout
 // (one request with its retries) and --output.
 func (f *clientFlags) register(cmd *cobra.Command) {
 	f.registerConn(cmd)
 	f.registerTimeout(cmd, 15*time.Second)
-	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text or json")
+	cmd.Flags().StringVarP(&f.output, "output", "o", "text", "output `FORMAT`: text or json (env DEDUPNODE_OUTPUT)")
 }
 
 // registerTimeout adds --timeout with default def.
 func (f *clientFlags) registerTimeout(cmd *cobra.Command, def time.Duration) {
-	cmd.Flags().DurationVar(&f.timeout, "timeout", def,
+	f.timeout = def
+	cmd.Flags().Var(anyDuration{&f.timeout}, "timeout",
 		"give up a request (one batch, with its retries) after this `DURATION` (env DEDUPNODE_TIMEOUT)")
 }
 
@@ -124,11 +141,12 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 	if err := f.validateConn(cmd); err != nil {
 		return err
 	}
+	fs := cmd.Flags()
 	if f.output != "text" && f.output != "json" {
-		return usagef("--output %q: want text or json", f.output)
+		return usagef("%s: want text or json", flagValue(fs, "output", f.output))
 	}
 	if f.timeout <= 0 {
-		return usagef("--timeout must be positive")
+		return usagef("%s must be positive", flagName(fs, "timeout"))
 	}
 	return nil
 }
@@ -136,38 +154,39 @@ func (f *clientFlags) validate(cmd *cobra.Command) error {
 // validateConn reads the DEDUPNODE_* variables of the connection flags and
 // checks them.
 func (f *clientFlags) validateConn(cmd *cobra.Command) error {
-	if err := applyEnv(cmd.Flags(), clientEnvFlags...); err != nil {
+	fs := cmd.Flags()
+	if err := applyEnv(fs, clientEnvFlags...); err != nil {
 		return err
 	}
 	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return usagef("--tls-cert and --tls-key go together")
+		return usagef("%s and %s go together", flagName(fs, "tls-cert"), flagName(fs, "tls-key"))
 	}
 	if f.tlsCert != "" && f.tlsCA == "" {
-		return usagef("--tls-cert needs --tls-ca, the CA that signed the nodes' certificates")
+		return usagef("%s needs --tls-ca, the CA that signed the nodes' certificates", flagName(fs, "tls-cert"))
 	}
 	if len(f.addrs) == 0 {
-		return usagef("--addr is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", defaultAddr)
+		return usagef("%s is empty: give the gRPC HOST:PORT of a node, e.g. --addr %s", flagName(fs, "addr"), defaultAddr)
 	}
 	for i, a := range f.addrs {
 		a = strings.TrimSpace(a)
 		f.addrs[i] = a
 		if scheme, rest, ok := strings.Cut(a, "://"); ok {
-			return usagef("--addr %q: drop the %s:// scheme: nodes speak gRPC on HOST:PORT, e.g. --addr %s", a, scheme, strings.TrimSuffix(rest, "/"))
+			return usagef("%s: drop the %s:// scheme: nodes speak gRPC on HOST:PORT, e.g. --addr %s", flagValue(fs, "addr", a), scheme, strings.TrimSuffix(rest, "/"))
 		}
 		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
-			return usagef("--addr %q: want HOST:PORT, e.g. %s", a, defaultAddr)
+			return usagef("%s: want HOST:PORT, e.g. %s", flagValue(fs, "addr", a), defaultAddr)
 		}
 		// A port number out of range is a typo the dialer would report as
 		// an unreachable node; a name (a service in /etc/services) is the
 		// resolver's to judge.
 		if _, port, err := net.SplitHostPort(a); err == nil {
 			if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
-				return usagef("--addr %q: port %d is out of range (1-65535)", a, n)
+				return usagef("%s: port %d is out of range (1-65535)", flagValue(fs, "addr", a), n)
 			}
 		}
 	}
 	if err := cluster.CheckRegion(f.region); err != nil {
-		return usagef("--region: %v", err)
+		return usagef("%s: %v", flagName(fs, "region"), err)
 	}
 	return nil
 }
@@ -462,6 +481,27 @@ func ttlError(err error, cmd *cobra.Command) error {
 	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
 	return &opError{err: fmt.Errorf("--%s %s exceeds the max TTL of namespace %s (%s); nothing applied", flag, fl.Value.String(), e.Namespace, limit),
 		hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, e.Namespace)}
+}
+
+// anyDuration is a pflag.Value for durations parsed as parseDuration does
+// (a "d" unit too), so that a bad value reads alike from a flag and from
+// DEDUPNODE_*; it shows its default as fmtDuration prints it.
+type anyDuration struct{ d *time.Duration }
+
+func (v anyDuration) String() string {
+	if v.d == nil || *v.d == 0 {
+		return "" // no "(default 0s)" in help
+	}
+	return fmtDuration(*v.d)
+}
+func (v anyDuration) Type() string { return "duration" }
+func (v anyDuration) Set(s string) error {
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	return nil
 }
 
 // durationValue is a pflag.Value for durations that also accepts a "d"

@@ -139,8 +139,8 @@ func TestTimeoutFromEnvironment(t *testing.T) {
 	// A well-formed value is applied: 0s then fails --timeout's own check.
 	t.Setenv("DEDUPNODE_TIMEOUT", "0s")
 	code, _, errs = runCLI(t, context.Background(), "", "mark", "--addr", closedAddr(t), "x")
-	if code != exitUsage || !strings.Contains(errs, "--timeout must be positive") {
-		t.Fatalf("DEDUPNODE_TIMEOUT=0s: exit %d, stderr %q; want --timeout's check to refuse it", code, errs)
+	if code != exitUsage || !strings.Contains(errs, "DEDUPNODE_TIMEOUT must be positive") {
+		t.Fatalf("DEDUPNODE_TIMEOUT=0s: exit %d, stderr %q; want --timeout's check to refuse it, naming the variable", code, errs)
 	}
 	// The flag still wins over the variable.
 	code, _, errs = runCLI(t, context.Background(), "", "mark", "--addr", closedAddr(t), "--timeout", "1s", "x")

@@ -245,7 +245,9 @@ state, first_seen, expires_at, fencing_token and request_token.
 Exit status: 0 when every ID got an answer — whatever the answers are
 (` + answersNotErrors(o.name) + ` are results in the output, not
 errors); 1 when a request failed (the lines printed before it stand, the
-IDs after them got no answer); 2 for a usage error (nothing was sent).`,
+IDs after them got no answer); 2 for a usage error (nothing was sent).
+
+` + clientEnvHelp,
 		Example: strings.ReplaceAll(o.example, "dedupnode ", e.progName+" "),
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -259,8 +261,8 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 	}
 	f.clientFlags.register(cmd)
 	fs := cmd.Flags()
-	fs.StringVarP(&f.namespace, "namespace", "n", "default", "`NAMESPACE` of the IDs")
-	fs.IntVar(&f.batch, "batch", 1000, "send at most `N` IDs per request (at most the server's --max-batch)")
+	fs.StringVarP(&f.namespace, "namespace", "n", "default", "`NAMESPACE` of the IDs (env DEDUPNODE_NAMESPACE)")
+	fs.IntVar(&f.batch, "batch", 1000, "send at most `N` IDs per request (at most the server's --max-batch) (env DEDUPNODE_BATCH)")
 	if o.ttl {
 		fs.Var(durationValue{&f.ttl}, "ttl", "how long the record lives, a `DURATION` such as 10m, 24h, 7d (default: the namespace's TTL)")
 	}
@@ -268,8 +270,8 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 		fs.Var(durationValue{&f.lease}, "lease", "lease `DURATION`, e.g. 30s, 5m (default: the namespace's lease)")
 	}
 	if o.consistency {
-		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark), stale (answer from the contacted node alone) or bounded (from the contacted node when provably at most --max-staleness behind)")
-		fs.DurationVar(&f.maxStaleness, "max-staleness", 0, "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state")
+		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark), stale (answer from the contacted node alone) or bounded (from the contacted node when provably at most --max-staleness behind) (env DEDUPNODE_CONSISTENCY)")
+		fs.Var(anyDuration{&f.maxStaleness}, "max-staleness", "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state (env DEDUPNODE_MAX_STALENESS)")
 	}
 	if o.fencing {
 		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
@@ -286,16 +288,17 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).`,
 }
 
 func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
-	if f.batch < 1 {
-		return usagef("--batch must be at least 1")
-	}
 	for i, a := range args {
 		if a == "" {
 			return usagef("argument %d is an empty ID: an ID is 1 byte or more", i+1)
 		}
 	}
-	if err := f.validate(cmd); err != nil {
+	if err := f.validate(cmd); err != nil { // DEDUPNODE_* applied from here on
 		return err
+	}
+	fs := cmd.Flags()
+	if f.batch < 1 {
+		return usagef("%s must be at least 1", flagName(fs, "batch"))
 	}
 	for _, name := range []string{"ttl", "lease"} {
 		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed && fl.Value.String() == "" {
@@ -313,7 +316,7 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	if cmd.Flags().Changed("namespace") {
 		var inv *fsm.InvalidError
 		if err := fsm.ValidateNamespaceName(f.namespace); errors.As(err, &inv) {
-			return usagef("--namespace: %s", inv.Reason)
+			return usagef("%s: %s", flagName(fs, "namespace"), inv.Reason)
 		}
 	}
 	if o.fencing && cmd.Flags().Changed("fencing-token") && f.fencingToken == 0 {
@@ -322,13 +325,13 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	if o.consistency {
 		cons, err := client.ParseConsistency(f.consistency)
 		if err != nil {
-			return usagef("--consistency: %v", err)
+			return usagef("%s: %v", flagName(fs, "consistency"), err)
 		}
 		switch {
 		case cons == client.Bounded && (f.maxStaleness <= 0 || f.maxStaleness%time.Millisecond != 0):
-			return usagef("--consistency bounded needs --max-staleness, a positive whole number of milliseconds (e.g. 5s); got %v", f.maxStaleness)
+			return usagef("%s bounded needs %s, a positive whole number of milliseconds (e.g. 5s); got %v", flagName(fs, "consistency"), flagName(fs, "max-staleness"), f.maxStaleness)
 		case cons != client.Bounded && f.maxStaleness != 0:
-			return usagef("--max-staleness %v: only --consistency bounded takes it", f.maxStaleness)
+			return usagef("%s %v: only --consistency bounded takes it", flagName(fs, "max-staleness"), f.maxStaleness)
 		}
 	}
 	if f.digest != "" {

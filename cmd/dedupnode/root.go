@@ -148,6 +148,10 @@ Start a local 3-node cluster, then mark and check IDs against it:
   dedupnode mark  --addr 127.0.0.1:7070,127.0.0.1:7071,127.0.0.1:7072 order-1 order-2
   dedupnode check --addr 127.0.0.1:7070 order-1 order-3
 
+Client commands read DEDUPNODE_ADDR, DEDUPNODE_NAMESPACE and the other
+DEDUPNODE_<FLAG> variables for their connection and output flags (see a
+command's --help); serve reads one for every flag.
+
 Exit codes: 0 success (for mark, check, claim, ...: every ID got an answer,
 whatever it is: per-ID results such as duplicate or lease_lost are in the
 output), 1 operational error, 2 usage error.`
@@ -223,8 +227,35 @@ func applyEnv(fs *pflag.FlagSet, names ...string) error {
 			continue
 		}
 		f.Changed = true
+		_ = fs.SetAnnotation(name, envAnnotation, []string{key}) // name exists: Lookup found it
 	}
 	return errors.Join(errs...)
+}
+
+// envAnnotation marks a flag whose value applyEnv took from the
+// environment; its value is the variable's name.
+const envAnnotation = "dedupnode-env"
+
+// flagValue names flag name of fs with value, as a usage error quotes it:
+// `--addr "x"` when it was given on the command line (or is the default),
+// `DEDUPNODE_ADDR="x"` when applyEnv took it from the environment.
+func flagValue(fs *pflag.FlagSet, name string, value any) string {
+	if f := fs.Lookup(name); f != nil {
+		if key := f.Annotations[envAnnotation]; len(key) == 1 {
+			return fmt.Sprintf("%s=%q", key[0], fmt.Sprint(value))
+		}
+	}
+	return fmt.Sprintf("--%s %q", name, fmt.Sprint(value))
+}
+
+// flagName is flagValue without the value: "--addr" or "DEDUPNODE_ADDR".
+func flagName(fs *pflag.FlagSet, name string) string {
+	if f := fs.Lookup(name); f != nil {
+		if key := f.Annotations[envAnnotation]; len(key) == 1 {
+			return key[0]
+		}
+	}
+	return "--" + name
 }
 
 func envKey(flag string) string {
