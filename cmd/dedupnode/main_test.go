@@ -108,6 +108,15 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"dev bad log store", []string{"dev", "--raft-log-store", "bolt"}, "--raft-log-store"},
 		{"dev too many nodes", []string{"dev", "--nodes", "40"}, "--nodes"},
 		{"namespace bad mode", []string{"namespace", "create", "x", "--mode", "rolling"}, "--mode"},
+		// The name rule is fsm's, checked before anything is sent; 0 is
+		// not a setting, as for mark --ttl 0.
+		{"namespace empty name", []string{"namespace", "create", ""}, `NAME: "" is not a valid namespace name (1-128 characters`},
+		{"namespace bad name", []string{"namespace", "create", "Bad Name!"}, `NAME: "Bad Name!" is not a valid namespace name`},
+		{"namespace update bad name", []string{"namespace", "update", "_x", "--ttl", "1h"}, `NAME: "_x" is not a valid namespace name`},
+		{"namespace zero ttl", []string{"namespace", "create", "t1", "--ttl", "0"}, "--ttl 0: omit --ttl to keep the default"},
+		{"namespace zero lease", []string{"namespace", "create", "t1", "--lease", "0s"}, "--lease 0: omit --lease"},
+		{"namespace zero max ttl", []string{"namespace", "update", "t1", "--max-ttl", "0"}, "--max-ttl 0: omit --max-ttl to keep the current value"},
+		{"namespace zero max id bytes", []string{"namespace", "create", "t1", "--max-id-bytes", "0"}, "--max-id-bytes 0"},
 		{"namespace no sub", []string{"namespace"}, "subcommand"},
 		{"remove no id", []string{"remove"}, "accepts 1 arg"},
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/spf13/cobra"
 )
 
@@ -79,7 +80,23 @@ func (s *nsSettings) register(cmd *cobra.Command, update bool) {
 	fs.Var(durationValue{&s.lease}, "lease", "default claim lease, a `DURATION` such as 30s (default "+def("30s")+")")
 }
 
-func (s *nsSettings) namespace(name string) (client.Namespace, error) {
+// namespace is the namespace name with s's settings. It refuses, as usage
+// errors, a name the nodes would refuse (fsm's rule) and a setting given
+// as 0 (as mark --ttl 0 is refused: omit the flag for the default).
+func (s *nsSettings) namespace(cmd *cobra.Command, name string, update bool) (client.Namespace, error) {
+	var inv *fsm.InvalidError
+	if err := fsm.ValidateNamespaceName(name); errors.As(err, &inv) {
+		return client.Namespace{}, usagef("NAME: %s", inv.Reason)
+	}
+	for _, flag := range []string{"ttl", "max-ttl", "lease", "max-id-bytes"} {
+		if fl := cmd.Flags().Lookup(flag); fl.Changed && (fl.Value.String() == "" || fl.Value.String() == "0") {
+			what := "the default"
+			if update {
+				what = "the current value"
+			}
+			return client.Namespace{}, usagef("--%s 0: omit --%s to keep %s", flag, flag, what)
+		}
+	}
 	mode, err := client.ParseExpiryMode(s.mode)
 	if err != nil {
 		return client.Namespace{}, usagef("--mode: %v", err)
@@ -131,9 +148,9 @@ window) is a namespace whose TTL is the window.`,
 
 	// writeNS is create's and update's RunE: the namespace named by the
 	// argument with s's settings, sent with op.
-	writeNS := func(f *clientFlags, s *nsSettings, op func(*client.Client, context.Context, client.Namespace) (client.Namespace, error)) func(*cobra.Command, []string) error {
+	writeNS := func(f *clientFlags, s *nsSettings, update bool, op func(*client.Client, context.Context, client.Namespace) (client.Namespace, error)) func(*cobra.Command, []string) error {
 		return runE(func(cmd *cobra.Command, args []string) error {
-			ns, err := s.namespace(args[0])
+			ns, err := s.namespace(cmd, args[0], update)
 			if err != nil {
 				return err
 			}
@@ -150,12 +167,15 @@ window) is a namespace whose TTL is the window.`,
 			Use:   "create [flags] NAME",
 			Short: "Create a namespace",
 			Long: `Create a namespace. NAME is 1-128 characters of A-Z a-z 0-9 . _ -,
-starting with a letter or digit. 'serve' answers NotFound for a namespace
-that was not created (unless run with --auto-create-namespaces); 'dev'
-creates namespaces with default settings on first use.`,
+starting with a letter or digit (another NAME is a usage error). 'serve'
+answers NotFound for a namespace that was not created (unless run with
+--auto-create-namespaces); 'dev' creates namespaces with default settings on
+first use. A flag not given takes its default; 0 is not a value (omit the
+flag). --lease may exceed --ttl: a lease bounds processing, and the TTL
+counts from the commit; both are at most --max-ttl.`,
 			Example: ex(`  dedupnode namespace create orders --ttl 24h --max-ttl 7d --lease 30s`),
 			Args:    cobra.ExactArgs(1),
-			RunE:    writeNS(f, s, (*client.Client).CreateNamespace),
+			RunE:    writeNS(f, s, false, (*client.Client).CreateNamespace),
 		}
 		f.register(c)
 		s.register(c, false)
@@ -168,7 +188,7 @@ creates namespaces with default settings on first use.`,
 			Short:   "Change a namespace's settings (flags not given keep their value)",
 			Example: ex(`  dedupnode namespace update orders --ttl 48h`),
 			Args:    cobra.ExactArgs(1),
-			RunE:    writeNS(f, s, (*client.Client).UpdateNamespace),
+			RunE:    writeNS(f, s, true, (*client.Client).UpdateNamespace),
 		}
 		f.register(c)
 		s.register(c, true)
