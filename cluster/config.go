@@ -53,6 +53,13 @@ type Config struct {
 	// RaftAdvertise is the address other nodes dial; defaults to the bound
 	// address, which must then not be an unspecified IP (0.0.0.0, ::).
 	RaftAdvertise string
+	// RefuseRaftAddrChange makes New refuse (*RaftAddrChangedError) a
+	// node whose data dir's latest Raft configuration lists it at another
+	// address than RaftAdvertise (or the bound address); without it New
+	// logs the error as a warning and starts, since the address may be
+	// recorded afterwards (Join through a member). For clusters that
+	// never move a node, e.g. a dev cluster whose nodes all moved.
+	RefuseRaftAddrChange bool
 	// RaftListener, if set, is used instead of listening on RaftAddr (tests
 	// bind every address before starting any node). Node takes ownership.
 	RaftListener net.Listener

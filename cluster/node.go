@@ -111,6 +111,13 @@ func New(cfg Config) (_ *Node, err error) {
 		}
 	}()
 
+	// Before any file is created: a data dir recorded as another node's
+	// is refused (identity.go).
+	recordedID, legacyDir, err := checkNodeID(cfg.DataDir, cfg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+
 	raftDir := filepath.Join(cfg.DataDir, "raft")
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create raft dir: %w", err)
@@ -204,6 +211,9 @@ func New(cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 	}
+	if err := n.checkIdentity(recordedID, legacyDir); err != nil {
+		return nil, err
+	}
 	n.hurryLoneElection(rc)
 
 	n.observer = raft.NewObserver(n.obsCh, false, func(o *raft.Observation) bool {
@@ -225,6 +235,41 @@ func New(cfg Config) (_ *Node, err error) {
 	n.log.Info("raft node started", "raft_addr", n.RaftAddr(), "grpc_addr", cfg.GRPCAddr, "raft_log_store", cfg.LogStore,
 		"existing_state", n.hadState, "restore_snapshot_on_start", !skipRestore)
 	return n, nil
+}
+
+// checkIdentity runs once Raft has read its latest configuration: it
+// records the node ID in a data dir that has none (adopting it in a data
+// dir of an earlier version, unless the configuration shows the dir is
+// another node's), and compares the address the configuration lists for
+// this node with the advertised one (a warning, or an error with
+// RefuseRaftAddrChange).
+func (n *Node) checkIdentity(recordedID string, legacyDir bool) error {
+	var conf raft.Configuration
+	if n.hadState {
+		fut := n.raft.GetConfiguration()
+		if err := fut.Error(); err != nil {
+			return fmt.Errorf("read raft configuration: %w", err)
+		}
+		conf = fut.Configuration()
+	}
+	switch {
+	case recordedID != "":
+	case legacyDir:
+		if err := n.adoptNodeID(conf); err != nil {
+			return err
+		}
+	default:
+		if err := recordNodeID(n.cfg.DataDir, n.cfg.NodeID); err != nil {
+			return err
+		}
+	}
+	if moved := n.checkRaftAddr(conf); moved != nil {
+		if n.cfg.RefuseRaftAddrChange {
+			return moved
+		}
+		n.log.Warn(moved.Error(), "recorded_raft_addr", moved.Recorded, "raft_addr", moved.Advertised)
+	}
+	return nil
 }
 
 // boltOptions are the raft log's bbolt options. Every commit is still

@@ -37,7 +37,9 @@ var keyCurrentTerm = []byte("CurrentTerm")
 //     state agree, and nodes that join get the new epoch): fencing tokens
 //     of the new cluster exceed every token the source cluster can grant
 //     after the backup, although its Raft indexes restart from the
-//     backup's (fsm/DESIGN.md, Fencing epochs).
+//     backup's (fsm/DESIGN.md, Fencing epochs);
+//  5. nodeID is recorded in NodeIDFile, so the data dir starts with no
+//     other ID.
 //
 // Start the node afterwards with the same NodeID and RaftAddr and neither
 // Bootstrap nor Peers: it elects itself, and other nodes join it. Nodes of
@@ -160,6 +162,9 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 		return res, fmt.Errorf("set raft term: %w", err)
 	}
 	if err := rs.Close(); err != nil {
+		return res, err
+	}
+	if err := recordNodeID(dataDir, nodeID); err != nil {
 		return res, err
 	}
 	logger.Info("seeded data dir from backup", "dir", dataDir, "index", index, "term", term, "node", nodeID, "raft_addr", raftAddr,
