@@ -545,8 +545,12 @@ func (f *serveFlags) security(cfg *server.Config, logger *slog.Logger) error {
 func serve(ctx context.Context, cfg server.Config, logger *slog.Logger, reload func() error, started func(*server.Server)) error {
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
-		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err),
-			hint: "check that the addresses are free and the data dir is writable and not used by another process"}
+		hint := "check that the addresses are free and the data dir is writable and not used by another process"
+		var idErr *cluster.NodeIDMismatchError
+		if errors.As(err, &idErr) {
+			hint = "" // the error says what to do
+		}
+		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err), hint: hint}
 	}
 	if started != nil {
 		started(srv)
