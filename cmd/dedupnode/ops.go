@@ -142,8 +142,9 @@ redelivery can claim the ID again.`,
 			long: `Commit turns the leases that claim gave you into committed records that
 answer "duplicate" until --ttl passes (default: the namespace's TTL). Name
 each lease as ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It
-prints "ok", or "lease_lost" when the lease expired or a newer claim fenced
-it (someone else may have processed the message).`,
+prints "ok", or "lease_lost" when the ID holds no live lease with that token.
+
+` + leaseLostHelp,
 			example: `  dedupnode commit order-7=12
   dedupnode commit --fencing-token 12 --ttl 24h order-7`,
 			ttl: true, fencing: true,
@@ -161,7 +162,10 @@ it (someone else may have processed the message).`,
 			short: "Extend held leases: ok or lease_lost",
 			long: `Renew extends each lease to --lease from now (default: the namespace's
 lease) while processing takes longer than planned. Name each lease as
-ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
+ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It prints "ok",
+or "lease_lost".
+
+` + leaseLostHelp,
 			example: `  dedupnode renew --lease 2m order-7=12`,
 			lease:   true, fencing: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
@@ -178,7 +182,10 @@ ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
 			short: "Drop leases after failed processing so a redelivery can claim at once",
 			long: `Release drops each lease so that a redelivery of the message can claim it
 at once instead of waiting for the lease to expire. Name each lease as
-ID=FENCING_TOKEN, or give --fencing-token N for all IDs.`,
+ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It prints "ok",
+or "lease_lost".
+
+` + leaseLostHelp,
 			example: `  dedupnode release order-7=12`,
 			fencing: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
@@ -210,6 +217,18 @@ recorded or not.`,
 	}
 	return cmds
 }
+
+// leaseLostHelp says what lease_lost covers. The node answers one code,
+// LEASE_LOST, for every case; the record it returns with it tells them
+// apart.
+const leaseLostHelp = `lease_lost covers every way the lease you name is not live: it expired,
+it was released, the ID was forgotten, a newer claim took it after yours
+expired, or the token is not the one your claim printed (the node answers
+all of them alike). The details on the line are the ID's live record, if it
+has one: state=leased with another fencing_token: another lease holds it
+(your token is wrong, or someone else claimed it); expires_at without
+state=leased: the ID is committed (by a commit or a mark); no details: the
+ID holds no live record.`
 
 // answersNotErrors names, for the exit status paragraph of op's help, the
 // answers a user might take for failures.
