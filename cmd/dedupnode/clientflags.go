@@ -130,6 +130,9 @@ func (f *clientFlags) registerConn(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.StringSliceVar(&f.addrs, "addr", []string{defaultAddr},
 		"gRPC `HOST:PORT` of one or more nodes, comma-separated (env DEDUPNODE_ADDR); one reachable node is enough, writes are routed to the leader")
+	// Help shows the default as it is typed, not in pflag's slice syntax
+	// ("[127.0.0.1:7070]").
+	fs.Lookup("addr").DefValue = defaultAddr
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "connect over TLS, verifying the nodes with this CA `FILE` (PEM) (env DEDUPNODE_TLS_CA)")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate `FILE` (PEM) for clusters that require mutual TLS (env DEDUPNODE_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")

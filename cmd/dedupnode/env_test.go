@@ -105,3 +105,13 @@ func TestClientCommandsReadTheirFlagsFromTheEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// Help shows --addr's default as it is typed, not in Go slice syntax.
+func TestAddrDefaultInHelpAsTyped(t *testing.T) {
+	for _, cmd := range [][]string{{"mark"}, {"check"}, {"status"}, {"namespace", "create"}} {
+		_, help, _ := runCLI(t, context.Background(), "", append(cmd, "--help")...)
+		if !strings.Contains(help, "(default 127.0.0.1:7070)") || strings.Contains(help, "[127.0.0.1:7070]") {
+			t.Errorf("%v --help shows --addr's default as %q", cmd, help[strings.Index(help, "--addr HOST"):][:200])
+		}
+	}
+}
