@@ -42,6 +42,8 @@ type devFlags struct {
 	adminAddr  string
 	cpuProfile string
 	logStore   string
+	// basePortSet: --base-port (or DEDUPNODE_BASE_PORT) was given.
+	basePortSet bool
 }
 
 const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
@@ -51,8 +53,10 @@ for --addr. Ctrl-C stops every node cleanly.
 
 Ports: node i (counting from 0) serves gRPC on BASE+i and Raft on
 BASE+100+i, so the default cluster is 127.0.0.1:7070-7072 (gRPC) and
-127.0.0.1:7170-7172 (Raft). --base-port 0 takes free ports from the OS (kept
-in DIR/dev-ports.json, so a restart with the same --data-dir reuses them).
+127.0.0.1:7170-7172 (Raft). --base-port 0 takes free ports from the OS.
+The ports are kept in DIR/dev-ports.json: a cluster's nodes know each other
+by them, so a later run with the same --data-dir reuses them when
+--base-port is 0 or not given, and refuses another --base-port.
 
 Without --data-dir the data lives in a fresh temporary folder, deleted on
 exit. With --data-dir it is kept and a later run with the same folder starts
@@ -81,6 +85,7 @@ func newDevCmd(e *env) *cobra.Command {
 			if err := applyEnv(cmd.Flags(), "nodes", "data-dir", "base-port", "log-level", "log-format", "admin-addr", "raft-log-store"); err != nil {
 				return err
 			}
+			f.basePortSet = cmd.Flags().Changed("base-port")
 			return runDev(e, f)
 		}),
 	}
@@ -175,9 +180,12 @@ func runDev(e *env, f *devFlags) (err error) {
 		return &opError{err: err, hint: "pass a --data-dir you can write to"}
 	}
 
-	addrs, err := devLayout(dir, f.nodes, f.basePort)
+	addrs, reused, err := devLayout(dir, f.nodes, f.basePort, f.basePortSet)
 	if err != nil {
 		return err
+	}
+	if reused {
+		fmt.Fprintf(e.stderr, "dedupnode dev: %s was created %s: reusing its ports\n", dir, devCreatedWith(addrs))
 	}
 	// Every node starts at once: with a static peer list each waits for
 	// the others to elect a leader.
@@ -201,7 +209,7 @@ func runDev(e *env, f *devFlags) (err error) {
 		if e.ctx.Err() != nil {
 			return nil
 		}
-		return devStartError(err, f)
+		return devStartError(err, f, dir)
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -213,10 +221,10 @@ func runDev(e *env, f *devFlags) (err error) {
 			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
 		}
 	}()
-	if addrs == nil { // free ports from the OS: keep them for the next run
-		if err := saveDevPorts(dir, c.Nodes()); err != nil {
-			return err
-		}
+	// Keep the ports for the next run (devLayout): the nodes' Raft
+	// configuration records them.
+	if err := saveDevPorts(dir, c.Nodes()); err != nil {
+		return err
 	}
 	nodes := make([]devNode, c.Size())
 	for i, n := range c.Nodes() {
@@ -237,10 +245,13 @@ func runDev(e *env, f *devFlags) (err error) {
 
 // devStartError explains why the cluster did not start: one line (the
 // first node's error, the others are usually alike) and a hint.
-func devStartError(err error, f *devFlags) error {
+func devStartError(err error, f *devFlags, dir string) error {
 	var se *devcluster.StartError
 	if !errors.As(err, &se) {
 		return &opError{err: fmt.Errorf("dev cluster elected no leader within %v: %w", devStartWithin, err), hint: "re-run with --log-level info to see why"}
+	}
+	if moved := devMovedError(se, dir); moved != nil {
+		return moved
 	}
 	first, failed := se.First()
 	err = fmt.Errorf("start dev cluster: %w", first)
@@ -258,34 +269,134 @@ func devStartError(err error, f *devFlags) error {
 	return &opError{err: err, hint: hint}
 }
 
-// devLayout returns the nodes' addresses: fixed from basePort, or the free
-// ports of an earlier run kept in dir/dev-ports.json; nil when the OS is to
-// pick free ports (saveDevPorts keeps them then).
-func devLayout(dir string, n, basePort int) ([]devcluster.Node, error) {
-	if basePort != 0 {
-		nodes := make([]devcluster.Node, n)
-		for i := range nodes {
-			nodes[i] = devcluster.Node{
-				ID:   "n" + strconv.Itoa(i+1),
-				GRPC: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+i)),
-				Raft: net.JoinHostPort("127.0.0.1", strconv.Itoa(basePort+devRaftOffset+i)),
-			}
-		}
-		return nodes, nil
-	}
+// devLayout returns the nodes' addresses: those of an earlier run kept in
+// dir/dev-ports.json, else fixed from basePort; nil when the OS is to pick
+// free ports. reused reports that the kept ports differ from what the
+// flags alone would give.
+//
+// A dev cluster cannot move: its nodes' Raft configuration records the
+// ports they had, and nodes on other ports would dial the old ones forever
+// (or reach whatever listens there now). With kept ports, --base-port 0 or
+// none reuses them, as restarting a playground with the same --data-dir
+// should; a --base-port naming other ports is refused, since silently
+// ignoring an explicit flag would surprise as much as hanging did.
+func devLayout(dir string, n, basePort int, basePortSet bool) (nodes []devcluster.Node, reused bool, err error) {
 	path := filepath.Join(dir, devPortsFile)
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil
+		return devFixedLayout(n, basePort), false, nil
 	}
 	var saved []devcluster.Node
 	if err := json.Unmarshal(b, &saved); err != nil {
-		return nil, &opError{err: fmt.Errorf("read %s: %w", path, err), hint: "delete it, or use a fresh --data-dir"}
+		return nil, false, &opError{err: fmt.Errorf("read %s: %w", path, err), hint: "delete it, or use a fresh --data-dir"}
 	}
 	if len(saved) != n {
-		return nil, usagef("%s holds a %d-node cluster: pass --nodes %d, or use a fresh --data-dir", dir, len(saved), len(saved))
+		return nil, false, usagef("%s holds a %d-node cluster: pass --nodes %d, or use a fresh --data-dir", dir, len(saved), len(saved))
 	}
-	return saved, nil
+	base := devBaseOf(saved)
+	switch {
+	case basePortSet && basePort != 0 && basePort != base:
+		rerun := fmt.Sprintf("--base-port %d", base)
+		if base == 0 {
+			rerun = "--base-port 0"
+		}
+		return nil, false, usagef("%s was created %s; rerun with %s (or without --base-port), or use a new --data-dir", dir, devCreatedWith(saved), rerun)
+	case basePort == base:
+		return saved, false, nil
+	}
+	return saved, true, nil
+}
+
+// devFixedLayout is node i on gRPC base+i and Raft base+devRaftOffset+i;
+// nil for base 0 (free ports from the OS).
+func devFixedLayout(n, base int) []devcluster.Node {
+	if base == 0 {
+		return nil
+	}
+	nodes := make([]devcluster.Node, n)
+	for i := range nodes {
+		nodes[i] = devcluster.Node{
+			ID:   "n" + strconv.Itoa(i+1),
+			GRPC: net.JoinHostPort("127.0.0.1", strconv.Itoa(base+i)),
+			Raft: net.JoinHostPort("127.0.0.1", strconv.Itoa(base+devRaftOffset+i)),
+		}
+	}
+	return nodes
+}
+
+// devBaseOf returns the --base-port that gives exactly these nodes, 0 when
+// none does (ports from the OS).
+func devBaseOf(nodes []devcluster.Node) int {
+	if len(nodes) == 0 {
+		return 0
+	}
+	_, p, err := net.SplitHostPort(nodes[0].GRPC)
+	if err != nil {
+		return 0
+	}
+	base, err := strconv.Atoi(p)
+	if err != nil || base < 1 || base > 65535-devRaftOffset-devMaxNodes {
+		return 0
+	}
+	want := devFixedLayout(len(nodes), base)
+	for i := range nodes {
+		if nodes[i] != want[i] {
+			return 0
+		}
+	}
+	return base
+}
+
+// devCreatedWith describes a kept layout: "with --base-port 7070 (gRPC
+// 127.0.0.1:7070-7072, Raft 127.0.0.1:7170-7172)", or "with --base-port 0
+// (gRPC ..., Raft ...)" listing the ports the OS gave.
+func devCreatedWith(nodes []devcluster.Node) string {
+	base := devBaseOf(nodes)
+	if base != 0 {
+		last := len(nodes) - 1
+		return fmt.Sprintf("with --base-port %d (gRPC 127.0.0.1:%d-%d, Raft 127.0.0.1:%d-%d)",
+			base, base, base+last, base+devRaftOffset, base+devRaftOffset+last)
+	}
+	grpc, raft := make([]string, len(nodes)), make([]string, len(nodes))
+	for i, n := range nodes {
+		grpc[i], raft[i] = n.GRPC, n.Raft
+	}
+	return fmt.Sprintf("with --base-port 0 (gRPC %s, Raft %s)", strings.Join(grpc, " "), strings.Join(raft, " "))
+}
+
+// devMovedError explains nodes refused because their data dir's Raft
+// configuration records other addresses (a data dir with no
+// dev-ports.json: made by an earlier version, or by a first run that did
+// not come up): it names the ports recorded and the --base-port that gives
+// them, if one does. Nil when no node failed that way.
+func devMovedError(se *devcluster.StartError, dir string) error {
+	var recorded []string
+	var nodes []devcluster.Node
+	for i, err := range se.Errs {
+		var moved *cluster.RaftAddrChangedError
+		if !errors.As(err, &moved) {
+			continue
+		}
+		recorded = append(recorded, fmt.Sprintf("%s's Raft on %s", moved.NodeID, moved.Recorded))
+		if len(nodes) == i { // every node so far, in order: may give a base port
+			_, p, _ := net.SplitHostPort(moved.Recorded)
+			port, _ := strconv.Atoi(p)
+			base := port - devRaftOffset - i
+			nodes = append(nodes, devcluster.Node{ID: moved.NodeID,
+				GRPC: net.JoinHostPort("127.0.0.1", strconv.Itoa(base+i)), Raft: moved.Recorded})
+		}
+	}
+	if recorded == nil {
+		return nil
+	}
+	rerun := "the --base-port it was created with"
+	if len(nodes) == len(se.Errs) {
+		if base := devBaseOf(nodes); base != 0 {
+			rerun = fmt.Sprintf("--base-port %d", base)
+		}
+	}
+	return usagef("%s was created with other ports (%s): its nodes know each other by them; rerun with %s, or use a new --data-dir",
+		dir, strings.Join(recorded, ", "), rerun)
 }
 
 // saveDevPorts keeps the ports the OS gave in dir/dev-ports.json, so a

@@ -91,6 +91,10 @@ func nodeConfig(id, dir string, raftLn, grpcLn net.Listener, election time.Durat
 			RaftListener: raftLn,
 			RaftAddr:     raftLn.Addr().String(),
 			GRPCAddr:     grpcLn.Addr().String(),
+			// Its nodes never move alone: a data dir recording other
+			// addresses is a cluster started on other ports, whose nodes
+			// could never reach each other.
+			RefuseRaftAddrChange: true,
 		},
 		Listener:   grpcLn,
 		ListenAddr: grpcLn.Addr().String(),
