@@ -104,17 +104,7 @@ func TestNodeID_DataDirOfAnotherNodeIsRefused(t *testing.T) {
 // it is given, which is recorded then, so the next start with another ID
 // is refused.
 func TestNodeID_LegacyDataDirAdoptsTheGivenID(t *testing.T) {
-	db, err := os.ReadFile(filepath.Join("testdata", "v1log", "data", "raft", "raft.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "raft"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "raft", "raft.db"), db, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := v1DataDir(t)
 	var logs syncBuffer
 	cfg := testConfig(dir, false)
 	cfg.NodeID, cfg.LogStore = "v1", LogStoreBoltDB

@@ -52,17 +52,7 @@ func TestReplay_V1LogFixture(t *testing.T) {
 	if err := json.Unmarshal(raw, &fx); err != nil {
 		t.Fatal(err)
 	}
-	db, err := os.ReadFile(filepath.Join("testdata", "v1log", "data", "raft", "raft.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "raft"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "raft", "raft.db"), db, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := v1DataDir(t)
 
 	// 1. The log, entry by entry, into an empty FSM.
 	s, err := openLogStore(dir, LogStoreBoltDB, 0, hclog.NewNullLogger())
@@ -126,4 +116,23 @@ func TestReplay_V1LogFixture(t *testing.T) {
 	if addr := n.FSM().Nodes()["other"]; addr != "10.0.0.9:7070" {
 		t.Errorf("node table after replay: %v", n.FSM().Nodes())
 	}
+}
+
+// v1DataDir returns a fresh data dir holding the v1 fixture's Raft log
+// (raft-boltdb, written by a version before the compact entry format and
+// before the node-id file).
+func v1DataDir(t *testing.T) string {
+	t.Helper()
+	db, err := os.ReadFile(filepath.Join("testdata", "v1log", "data", "raft", "raft.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "raft"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "raft", "raft.db"), db, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

@@ -61,6 +61,16 @@ func freeBase(t *testing.T, n int) int {
 	return 0
 }
 
+// twoFreeBases returns two different free base ports for 2-node clusters.
+func twoFreeBases(t *testing.T) (int, int) {
+	t.Helper()
+	p1, p2 := freeBase(t, 2), freeBase(t, 2)
+	for p2 == p1 {
+		p2 = freeBase(t, 2)
+	}
+	return p1, p2
+}
+
 // TestDevDataDirKeepsItsPorts: a dev cluster's nodes know each other by
 // the ports they were created with, so a later run with another
 // --base-port would dial the old ones forever. It is refused at once with
@@ -70,10 +80,7 @@ func TestDevDataDirKeepsItsPorts(t *testing.T) {
 		t.Skip("starts 2-node clusters")
 	}
 	dir := filepath.Join(t.TempDir(), "dev")
-	p1, p2 := freeBase(t, 2), freeBase(t, 2)
-	for p2 == p1 {
-		p2 = freeBase(t, 2)
-	}
+	p1, p2 := twoFreeBases(t)
 	first := runDevCluster(t, "--nodes", "2", "--data-dir", dir, "--base-port", strconv.Itoa(p1))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -105,10 +112,7 @@ func TestDevDataDirWithoutPortsFileNamesTheRecordedPorts(t *testing.T) {
 		t.Skip("starts a 2-node cluster")
 	}
 	dir := filepath.Join(t.TempDir(), "dev")
-	p1, p2 := freeBase(t, 2), freeBase(t, 2)
-	for p2 == p1 {
-		p2 = freeBase(t, 2)
-	}
+	p1, p2 := twoFreeBases(t)
 	runDevCluster(t, "--nodes", "2", "--data-dir", dir, "--base-port", strconv.Itoa(p1))
 	if err := os.Remove(filepath.Join(dir, devPortsFile)); err != nil {
 		t.Fatal(err)
