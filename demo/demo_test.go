@@ -189,3 +189,33 @@ func TestFaultPlanDrawsAreFixedBySeedNotByOrder(t *testing.T) {
 		t.Fatalf("an ID outside the plan drew %v, want 1 (no fault)", d)
 	}
 }
+
+// A second run in the data dir of a first would find its nodes' Raft
+// configuration naming the first run's ports and the first run's ledger:
+// it is refused at once, before anything starts, and the data is left as
+// it was.
+func TestDemoRefusesADataDirOfAnEarlierRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs a demo")
+	}
+	cfg := smallConfig(t)
+	cfg.Messages = 200
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Seed = 43
+	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrDirInUse) {
+		t.Fatalf("second run in %s: %v, want ErrDirInUse", cfg.Dir, err)
+	}
+	after, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Fatalf("the refused run changed the data dir: %v, then %v", before, after)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -49,7 +50,8 @@ type Config struct {
 	// the cluster is stable again), then dies. Needs the local cluster.
 	KillLeaderEvery time.Duration
 	// Dir holds the cluster's, the broker's and the ledger's data (default: a
-	// temporary folder removed at the end).
+	// temporary folder removed at the end). It must not hold an earlier
+	// run's (ErrDirInUse).
 	Dir string
 	// RetryRate is the share of events the producer publishes a second
 	// time, 1 to 3 s after the first (a retry after a lost publish ack);
@@ -257,6 +259,28 @@ func (p *faultPlan) roll(id string) float64 {
 
 var errCrashed = errors.New("consumer crashed")
 
+// ErrDirInUse: Config.Dir holds an earlier run's data.
+var ErrDirInUse = errors.New("demo data dir in use")
+
+// holdsEarlierRun reports whether dir holds anything of an earlier run
+// (the cluster's, the broker's or the ledger's data).
+func holdsEarlierRun(dir string) (bool, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read demo data dir: %w", err)
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case "cluster", "broker", "ledger":
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Run runs the demo and returns its summary; Summary.OK says whether every
 // check held. An error means the demo could not run (or was interrupted).
 func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
@@ -274,6 +298,13 @@ func Run(ctx context.Context, cfg Config) (sum Summary, err error) {
 			return sum, err
 		}
 		defer os.RemoveAll(dir)
+	} else if used, err := holdsEarlierRun(dir); err != nil {
+		return sum, err
+	} else if used {
+		// Its cluster's nodes would start on new ports from the OS while
+		// their Raft configuration names the old ones, and its ledger
+		// holds the earlier run's effects: a run starts from nothing.
+		return sum, fmt.Errorf("%w: %s holds an earlier demo run; pass a new or empty data dir", ErrDirInUse, dir)
 	}
 	runID := make([]byte, 4)
 	for i := range runID {

@@ -166,7 +166,7 @@ func newDemoCmd(e *env) *cobra.Command {
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` for the events and the crashes and stalls among them (0: from the clock)")
 	cfg.Timeout = 15 * time.Minute
 	fs.Var(durationValue{&cfg.Timeout}, "timeout", "give up after this `DURATION`")
-	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, the broker's and the ledger's data in `DIR` (default: a temporary folder, deleted)")
+	fs.StringVar(&cfg.Dir, "data-dir", "", "keep the cluster's, the broker's and the ledger's data in `DIR`, new or empty: a run starts from nothing (default: a temporary folder, deleted)")
 	fs.StringVarP(&output, "output", "o", "text", "output `FORMAT`: text or json (one object)")
 	fs.BoolVar(&noProgress, "no-progress", false, "no progress bar (it is shown only when stderr is a terminal)")
 	fs.StringVar(&logLevel, "log-level", "error", "log `LEVEL` on stderr: debug, info, warn or error; given, the local nodes log too")
