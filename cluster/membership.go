@@ -49,10 +49,12 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 	if err := cf.Error(); err != nil {
 		return n.mapConfigError(err)
 	}
-	member := false
+	member, moved := false, ""
 	for _, s := range cf.Configuration().Servers {
 		if string(s.ID) == id && string(s.Address) == raftAddr {
 			member = true
+		} else if string(s.ID) == id {
+			moved = string(s.Address)
 		}
 		if replica && string(s.ID) == id && s.Suffrage != raft.Nonvoter {
 			return &fsm.InvalidError{Field: "read_replica", Reason: fmt.Sprintf("node %q is a voter of this cluster; remove it (and wipe its data dir) to rejoin it as a read replica", id)}
@@ -71,7 +73,12 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
 			return n.mapConfigError(err)
 		}
-		n.log.Info("added non-voter", "peer", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr, "read_replica", replica)
+		if moved != "" {
+			// raft keeps a member's suffrage when AddNonvoter names it.
+			n.log.Info("member's raft address changed", "peer", id, "raft_addr", raftAddr, "was", moved, "grpc_addr", grpcAddr)
+		} else {
+			n.log.Info("added non-voter", "peer", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr, "read_replica", replica)
+		}
 	}
 	// Always end with a command, so the commit index rests on an entry the
 	// FSM applies (see leaderTerm).

@@ -348,16 +348,26 @@ the one that does has another ID. --force adds the node without asking.`,
 			defer cancel()
 			// Join is idempotent: say so when the node was a member already
 			// rather than claim it joined (it may well be a voter).
-			var was string
+			// A member at another Raft address keeps its suffrage and
+			// takes the new address (OPERATIONS.md, "Changing a node's
+			// Raft address").
+			var was, movedFrom string
 			if st, err := c.Status(ctx); err == nil {
 				for _, m := range st.Members {
-					if m.ID == id && m.RaftAddr == raftAddr {
+					if m.ID == id {
 						was = m.Suffrage
+						if m.RaftAddr != raftAddr {
+							movedFrom = m.RaftAddr
+						}
 					}
 				}
 			}
 			if err := c.Join(ctx, id, raftAddr, grpcAddr); err != nil {
 				return explain(err, f, "")
+			}
+			if was != "" && movedFrom != "" {
+				return report(e.stdout, f.output, map[string]any{"joined": id, "raft_addr": raftAddr, "grpc_addr": grpcAddr, "already_member": was, "previous_raft_addr": movedFrom},
+					"%s is a member already (%s); its Raft address is now %s (was %s)", id, was, raftAddr, movedFrom)
 			}
 			if was != "" {
 				return report(e.stdout, f.output, map[string]any{"joined": id, "raft_addr": raftAddr, "grpc_addr": grpcAddr, "already_member": was},

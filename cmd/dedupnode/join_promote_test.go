@@ -102,4 +102,18 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 	if s := suffrageIn(t, ctx, addr, "n4"); s != "voter" {
 		t.Fatalf("after joining a voter again: n4 is %q", s)
 	}
+	// Joining it at another Raft address records that address and keeps its
+	// vote (three voters of four still answer), and says where it moved;
+	// joining it back restores it.
+	moved := "127.0.0.1:1"
+	code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", moved, "--grpc-addr", n4.GRPC, "--timeout", "10s", "--force")
+	if want := "n4 is a member already (voter); its Raft address is now " + moved + " (was " + n4.Raft + ")"; code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("join of a voter at another address: exit %d, stdout %q, stderr %q; want %q", code, out, errb, want)
+	}
+	if s := suffrageIn(t, ctx, addr, "n4"); s != "voter" {
+		t.Fatalf("after moving its address: n4 is %q, want voter", s)
+	}
+	if code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s"); code != 0 || !strings.Contains(out, "(was "+moved+")") {
+		t.Fatalf("join back at its own address: exit %d, stdout %q, stderr %q", code, out, errb)
+	}
 }
