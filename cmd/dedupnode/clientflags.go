@@ -39,6 +39,10 @@ type clientFlags struct {
 	// State of the CLI's retry policy (see retryIf).
 	answered     atomic.Bool  // some node answered: refusals are outages, not typos
 	refusedSince atomic.Int64 // Unix ns of the first refused connection, 0 if none
+
+	// namespaces lists the cluster's namespaces through the dialled client
+	// (nil before dial), for explain to suggest one for a mistyped name.
+	namespaces func(ctx context.Context) ([]client.Namespace, error)
 }
 
 // refusedGrace is how long the CLI retries refused connections while no
@@ -238,6 +242,9 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if err == nil && c.Leader() != "" {
 		f.answered.Store(true)
 	}
+	if err == nil {
+		f.namespaces = c.ListNamespaces
+	}
 	return c, err
 }
 
@@ -420,8 +427,11 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 		name := cmp.Or(e.Namespace, namespace)
 		m := fmt.Sprintf("namespace %q does not exist", name)
 		if name != "" {
-			return &opError{err: errors.New(m),
-				hint: fmt.Sprintf("create it with 'dedupnode namespace create %s' (list them with 'dedupnode namespace list')", name)}
+			hint := fmt.Sprintf("create it with 'dedupnode namespace create %s' (list them with 'dedupnode namespace list')", name)
+			if near := f.nearNamespace(name); near != "" {
+				hint = fmt.Sprintf("did you mean %q? Or %s", near, hint)
+			}
+			return &opError{err: errors.New(m), hint: hint}
 		}
 		return &opError{err: errors.New(msg), hint: "check the name"}
 	case client.ErrNodeNotFound:
@@ -583,4 +593,29 @@ func fmtDuration(d time.Duration) string {
 		b.WriteString(s)
 	}
 	return b.String()
+}
+
+// nearNamespace is the existing namespace a mistyped name most likely
+// meant: the same but for case, or within two edits; "" if none is, or
+// the list cannot be read within a second.
+func (f *clientFlags) nearNamespace(name string) string {
+	if f.namespaces == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	all, err := f.namespaces(ctx)
+	if err != nil {
+		return ""
+	}
+	best, bestD := "", 3
+	for _, ns := range all {
+		if strings.EqualFold(ns.Name, name) {
+			return ns.Name
+		}
+		if d := editDistance(name, ns.Name); d < bestD {
+			best, bestD = ns.Name, d
+		}
+	}
+	return best
 }
