@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/dedupnode/dedupnode/internal/atomicfile"
 )
 
 // NodeIDFile is the file in a data dir that records the ID of the node it
@@ -69,36 +71,11 @@ func checkNodeID(dataDir, id string) (recorded string, legacy bool, err error) {
 	return recorded, legacy, nil
 }
 
-// recordNodeID writes id to dataDir's NodeIDFile: a temporary file,
-// fsynced, renamed over it, then the directory fsynced, so a crash leaves
-// either no file or the whole ID.
+// recordNodeID writes id to dataDir's NodeIDFile atomically, so a crash
+// leaves either no file or the whole ID.
 func recordNodeID(dataDir, id string) error {
-	path := filepath.Join(dataDir, NodeIDFile)
-	tmp, err := os.CreateTemp(dataDir, NodeIDFile+".tmp*")
-	if err != nil {
+	if err := atomicfile.Write(filepath.Join(dataDir, NodeIDFile), []byte(id+"\n"), 0o644); err != nil {
 		return fmt.Errorf("record node ID: %w", err)
-	}
-	_, err = tmp.WriteString(id + "\n")
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("record node ID in %s: %w", path, err)
-	}
-	d, err := os.Open(dataDir)
-	if err != nil {
-		return fmt.Errorf("record node ID: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("record node ID: sync %s: %w", dataDir, err)
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dedupnode/dedupnode/internal/atomicfile"
 )
 
 // Organization is the subject organization of every certificate the
@@ -318,37 +320,13 @@ func exists(p string) bool {
 	return err == nil
 }
 
-// writeFile writes data to path atomically (temp file, fsync, rename).
-// Without overwrite an existing path is an error.
+// writeFile writes data to path atomically (atomicfile.Write). Without
+// overwrite an existing path is an error.
 func writeFile(path string, data []byte, perm os.FileMode, overwrite bool) error {
 	if !overwrite && exists(path) {
 		return fmt.Errorf("%s exists", path)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, data, perm)
 }
 
 func newSerial() (*big.Int, error) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/cluster"
+	"github.com/dedupnode/dedupnode/internal/atomicfile"
 	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/server"
 	"github.com/spf13/cobra"
@@ -399,11 +400,11 @@ func devMovedError(se *devcluster.StartError, dir string) error {
 		dir, strings.Join(recorded, ", "), rerun)
 }
 
-// saveDevPorts keeps the ports the OS gave in dir/dev-ports.json, so a
-// restart with the same --data-dir reuses them.
+// saveDevPorts keeps the nodes' ports in dir/dev-ports.json (devLayout
+// reads them), atomically: a torn file would refuse the next run.
 func saveDevPorts(dir string, nodes []devcluster.Node) error {
 	b, _ := json.MarshalIndent(nodes, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, devPortsFile), b, 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, devPortsFile), b, 0o644); err != nil {
 		return &opError{err: err, hint: "pass a --data-dir you can write to"}
 	}
 	return nil
