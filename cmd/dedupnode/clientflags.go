@@ -122,7 +122,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 // registerTimeout adds --timeout with default def.
 func (f *clientFlags) registerTimeout(cmd *cobra.Command, def time.Duration) {
 	f.timeout = def
-	cmd.Flags().Var(anyDuration{&f.timeout}, "timeout",
+	cmd.Flags().Var(durationValue{&f.timeout}, "timeout",
 		"give up a request (one batch, with its retries) after this `DURATION` (env DEDUPNODE_TIMEOUT)")
 }
 
@@ -496,29 +496,9 @@ func ttlError(err error, cmd *cobra.Command) error {
 		hint: fmt.Sprintf("pass a shorter --%s, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", flag, e.Namespace)}
 }
 
-// anyDuration is a pflag.Value for durations parsed as parseDuration does
-// (a "d" unit too), so that a bad value reads alike from a flag and from
-// DEDUPNODE_*; it shows its default as fmtDuration prints it.
-type anyDuration struct{ d *time.Duration }
-
-func (v anyDuration) String() string {
-	if v.d == nil || *v.d == 0 {
-		return "" // no "(default 0s)" in help
-	}
-	return fmtDuration(*v.d)
-}
-func (v anyDuration) Type() string { return "duration" }
-func (v anyDuration) Set(s string) error {
-	d, err := parseDuration(s)
-	if err != nil {
-		return err
-	}
-	*v.d = d
-	return nil
-}
-
 // durationValue is a pflag.Value for durations that also accepts a "d"
-// (24 h) unit, as in "7d" or "1d12h".
+// (24 h) unit, as in "7d" or "1d12h"; a bad value reads alike from a flag
+// and from DEDUPNODE_*.
 type durationValue struct{ d *time.Duration }
 
 // String is "" for zero, so that help shows no "(default 0s)": zero means

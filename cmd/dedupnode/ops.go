@@ -290,7 +290,7 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).
 	}
 	if o.consistency {
 		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark), stale (answer from the contacted node alone) or bounded (from the contacted node when provably at most --max-staleness behind) (env DEDUPNODE_CONSISTENCY)")
-		fs.Var(anyDuration{&f.maxStaleness}, "max-staleness", "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state (env DEDUPNODE_MAX_STALENESS)")
+		fs.Var(durationValue{&f.maxStaleness}, "max-staleness", "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state (env DEDUPNODE_MAX_STALENESS)")
 	}
 	if o.fencing {
 		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
