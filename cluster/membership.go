@@ -17,7 +17,8 @@ const membershipTimeout = 10 * time.Second
 // has caught up) and records its client address. Leader only. Joining a
 // node that is already a member updates its addresses and keeps its
 // suffrage (and a read replica's role), so a retried or repeated join is
-// harmless.
+// harmless. An ID removed from the cluster (fsm.FSM.Retired) is refused:
+// IDs are never reused.
 //
 // Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields), ctx's
 // error, or a raft error.
@@ -69,6 +70,9 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 			return err
 		}
 	}
+	if !member && moved == "" && n.fsm.Retired(id) {
+		return &fsm.InvalidError{Field: "node_id", Reason: fmt.Sprintf("node %q was removed from this cluster, and a removed ID is never admitted again (its old data dir could come back and vote as the new node); join with a new --node-id and an empty data dir", id)}
+	}
 	if !member {
 		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
 			return n.mapConfigError(err)
@@ -89,8 +93,8 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 	return res[0].Err
 }
 
-// Remove removes a node from the Raft configuration and the node table.
-// Leader only. Removing the leader itself makes it step down afterwards.
+// Remove removes a node from the Raft configuration and the node table,
+// and retires its ID: Join refuses it from then on. Leader only. Removing the leader itself makes it step down afterwards.
 //
 // Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
 // error, or a raft error.
@@ -125,17 +129,19 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
 	}
-	if id == n.cfg.NodeID {
-		// After removing itself the leader can propose nothing more.
-		if err := removeNode(); err != nil {
-			return err
-		}
+	// Retire the ID before the configuration change: a leader lost in
+	// between must not leave an ID out of the cluster yet admissible
+	// again. (After removing itself the leader can propose nothing more.)
+	if err := removeNode(); err != nil {
+		return err
 	}
 	if err := waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, membershipTimeout)); err != nil {
 		return n.mapConfigError(err)
 	}
 	n.log.Info("removed server", "peer", id)
 	if id != n.cfg.NodeID {
+		// End with a command, so the commit index rests on an entry the
+		// FSM applies (see leaderTerm); it finds the node gone already.
 		return removeNode()
 	}
 	return nil

@@ -416,6 +416,16 @@ func (a *applier) op(op *Op) OpResult {
 		a.setRegion(op.Node.ID, op.Node.Region)
 		return OpResult{}
 	case OpRemoveNode:
+		if op.Node.ID == "" {
+			return OpResult{Err: invalid("node.id", "empty")}
+		}
+		// The ID is retired even when the node table does not hold it (a
+		// member removed before its join recorded an address): it left
+		// the Raft configuration all the same.
+		if !st.retired[op.Node.ID] {
+			st.retired[op.Node.ID] = true
+			must(a.b.Set(storage.RetiredNodeKey(op.Node.ID), nil, nil))
+		}
 		if _, ok := st.nodes[op.Node.ID]; !ok {
 			return OpResult{Err: fmt.Errorf("%w: %q", ErrNodeNotFound, op.Node.ID)}
 		}

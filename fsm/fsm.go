@@ -146,6 +146,8 @@ type state struct {
 	regions map[string]string
 	// settings holds the replicated cluster settings (Settings).
 	settings map[string]string
+	// retired holds the node IDs removed from the cluster (Retired).
+	retired map[string]bool
 	// fenceEpoch is the high part of every fencing token granted now
 	// (MakeFence); persisted under metaFenceEpoch, so snapshots carry it.
 	fenceEpoch uint64
@@ -283,6 +285,7 @@ func loadState(db *storage.DB, shift uint8) (state, error) {
 		roles:      map[string]NodeRole{},
 		regions:    map[string]string{},
 		settings:   map[string]string{},
+		retired:    map[string]bool{},
 	}
 	v, found, err := storage.GetCopy(db, storage.MetaKey(metaNsSeq))
 	if err != nil {
@@ -388,6 +391,13 @@ func loadState(db *storage.DB, shift uint8) (state, error) {
 	})
 	if err != nil {
 		return st, fmt.Errorf("load settings: %w", err)
+	}
+	err = scanPrefix(db, []byte{storage.PrefixRetiredNode}, func(k, _ []byte) error {
+		st.retired[string(k[1:])] = true
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("load retired nodes: %w", err)
 	}
 	return st, nil
 }
@@ -537,6 +547,16 @@ func (f *FSM) Nodes() map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// Retired reports whether node id was removed from the cluster
+// (OpRemoveNode). A retired ID is never admitted again: its old data dir
+// holds a log and votes the cluster has forgotten, and the cluster could
+// not tell it from the new node that took the ID.
+func (f *FSM) Retired(id string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.retired[id]
 }
 
 // NodeRole returns the recorded role of node id (RoleMember unless an

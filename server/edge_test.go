@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -355,6 +356,19 @@ func TestJoin_BootstrapThenJoin_PromotedToVoter(t *testing.T) {
 	waitFor(t, 20*time.Second, "3 voters after remove", voters(3))
 	_, err = admin.Remove(ctx, &dedupv1.RemoveRequest{NodeId: "nobody"})
 	wantStatus(t, err, codes.NotFound, "nobody")
+
+	// j2's ID is retired: a node started under it with an empty data dir
+	// is refused, and its `serve --join` gives up at once instead of
+	// asking until its deadline.
+	_, err = admin.Join(ctx, &dedupv1.JoinRequest{NodeId: "j2", RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:1"})
+	wantStatus(t, err, codes.InvalidArgument, "was removed from this cluster")
+	actx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err = tc.c.Add(actx, devcluster.AddConfig{ID: "j2-again", Tune: func(c *server.Config) { c.Cluster.NodeID = "j2" }})
+	cancel()
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "was removed from this cluster") {
+		t.Fatalf("serve --join under the removed ID j2: %v, want an immediate refusal", err)
+	}
+	waitFor(t, 20*time.Second, "still 3 voters", voters(3))
 	tr, err := admin.TransferLeadership(ctx, &dedupv1.TransferLeadershipRequest{NodeId: "j4"})
 	if err != nil || tr.NewLeaderId != "j4" {
 		t.Fatalf("transfer: %v %v", tr, err)

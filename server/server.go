@@ -16,10 +16,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/dedupnode/dedupnode/adminhttp"
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
@@ -375,7 +377,8 @@ func (s *Server) probeRegion(ctx context.Context, id, grpcAddr string) (string, 
 }
 
 // join calls Admin.Join on the configured members in turn until one
-// succeeds, backing off between rounds, bounded by ctx.
+// succeeds, backing off between rounds, bounded by ctx. A refusal
+// (INVALID_ARGUMENT) ends it at once.
 func (s *Server) join(ctx context.Context) error {
 	req := &dedupv1.JoinRequest{NodeId: s.node.ID(), RaftAddr: s.node.RaftAddr(), GrpcAddr: s.GRPCAddr(), ReadReplica: s.cfg.ReadReplica}
 	backoff := 100 * time.Millisecond
@@ -396,6 +399,11 @@ func (s *Server) join(ctx context.Context) error {
 			if err == nil {
 				s.log.Info("joined cluster", "via", addr)
 				return nil
+			}
+			if status.Code(err) == codes.InvalidArgument {
+				// The cluster refused this node (a retired ID, a voter
+				// asking to be a replica): asking again cannot help.
+				return fmt.Errorf("join via %s: %w", addr, err)
 			}
 			last = fmt.Errorf("join via %s: %w", addr, err)
 			s.log.Warn("join attempt failed", "via", addr, "err", err)

@@ -52,6 +52,10 @@ const (
 	PrefixNodeRegion = 'g'
 	// PrefixSetting keys a replicated cluster setting.
 	PrefixSetting = 's'
+	// PrefixRetiredNode keys a node ID removed from the cluster: never
+	// admitted again (a removed ID's old data dir could otherwise come
+	// back and vote as the new node of that ID).
+	PrefixRetiredNode = 'x'
 )
 
 // RecordKeyPrefixLen is the length of 'r' nsID bucket, before the ID: a
@@ -187,6 +191,9 @@ func NodeRoleKey(id string) []byte { return append([]byte{PrefixNodeRole}, id...
 
 // NodeRegionKey is the key of a node's region.
 func NodeRegionKey(id string) []byte { return append([]byte{PrefixNodeRegion}, id...) }
+
+// RetiredNodeKey is the key recording that node id was removed.
+func RetiredNodeKey(id string) []byte { return append([]byte{PrefixRetiredNode}, id...) }
 
 // SettingKey is the key of a cluster setting.
 func SettingKey(name string) []byte { return append([]byte{PrefixSetting}, name...) }
