@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,16 @@ func suffrageIn(t *testing.T, ctx context.Context, addr, id string) string {
 	return ""
 }
 
+// waitSuffrage waits until id's suffrage at addr is want ("" for no
+// member): addr may be a follower, which learns a configuration change
+// the leader committed a moment later.
+func waitSuffrage(t *testing.T, ctx context.Context, addr, id, want, after string) {
+	t.Helper()
+	testcluster.WaitFor(t, 30*time.Second, after+": "+id+" a "+strconv.Quote(want), func() bool {
+		return suffrageIn(t, ctx, addr, id) == want
+	})
+}
+
 // join refuses a node that does not answer at --grpc-addr (nothing
 // changes) unless --force; promote refuses a node the leader cannot reach
 // unless --force; a running node joins and is promoted.
@@ -45,30 +56,22 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 	if code != exitError || !strings.Contains(errb, "no dedupnode node answers at --grpc-addr "+deadGRPC) || !strings.Contains(errb, "--force") {
 		t.Fatalf("join of a node that is not running: exit %d, stderr %q", code, errb)
 	}
-	if s := suffrageIn(t, ctx, addr, "r3"); s != "" {
-		t.Fatalf("refused join: r3 is a %s", s)
-	}
+	waitSuffrage(t, ctx, addr, "r3", "", "refused join")
 
 	if code, _, errb = runCLI(t, ctx, "", append(join, "--force")...); code != 0 {
 		t.Fatalf("join --force: exit %d %s", code, errb)
 	}
-	if s := suffrageIn(t, ctx, addr, "r3"); s != "nonvoter" {
-		t.Fatalf("after join --force: r3 is %q, want nonvoter", s)
-	}
+	waitSuffrage(t, ctx, addr, "r3", "nonvoter", "after join --force")
 	code, _, errb = runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "10s", "r3")
 	if code != exitError || !strings.Contains(errb, `"r3"`) || !strings.Contains(errb, "cannot reach it at "+deadGRPC) || !strings.Contains(errb, "--force") {
 		t.Fatalf("promote of a node that is not running: exit %d, stderr %q", code, errb)
 	}
-	if s := suffrageIn(t, ctx, addr, "r3"); s != "nonvoter" {
-		t.Fatalf("refused promote: r3 is %q", s)
-	}
+	waitSuffrage(t, ctx, addr, "r3", "nonvoter", "refused promote")
 	// Three voters up of four: a quorum still.
 	if code, _, errb = runCLI(t, ctx, "", "promote", "--addr", addr, "--timeout", "20s", "--force", "r3"); code != 0 {
 		t.Fatalf("promote --force: exit %d %s", code, errb)
 	}
-	if s := suffrageIn(t, ctx, addr, "r3"); s != "voter" {
-		t.Fatalf("after promote --force: r3 is %q, want voter", s)
-	}
+	waitSuffrage(t, ctx, addr, "r3", "voter", "after promote --force")
 	if code, _, errb = runCLI(t, ctx, "", "remove", "--addr", addr, "--timeout", "20s", "r3"); code != 0 {
 		t.Fatalf("remove r3: exit %d %s", code, errb)
 	}
@@ -99,9 +102,7 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "n4 is a member already (voter); nothing changed") {
 		t.Fatalf("join of a voter: exit %d, stdout %q, stderr %q", code, out, errb)
 	}
-	if s := suffrageIn(t, ctx, addr, "n4"); s != "voter" {
-		t.Fatalf("after joining a voter again: n4 is %q", s)
-	}
+	waitSuffrage(t, ctx, addr, "n4", "voter", "after joining a voter again")
 	// Joining it at another Raft address records that address and keeps its
 	// vote (three voters of four still answer), and says where it moved;
 	// joining it back restores it.
@@ -110,9 +111,7 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 	if want := "n4 is a member already (voter); its Raft address is now " + moved + " (was " + n4.Raft + ")"; code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("join of a voter at another address: exit %d, stdout %q, stderr %q; want %q", code, out, errb, want)
 	}
-	if s := suffrageIn(t, ctx, addr, "n4"); s != "voter" {
-		t.Fatalf("after moving its address: n4 is %q, want voter", s)
-	}
+	waitSuffrage(t, ctx, addr, "n4", "voter", "after moving its address")
 	if code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s"); code != 0 || !strings.Contains(out, "(was "+moved+")") {
 		t.Fatalf("join back at its own address: exit %d, stdout %q, stderr %q", code, out, errb)
 	}
