@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -143,7 +144,7 @@ func newServeCmd(e *env) *cobra.Command {
 		Example: strings.ReplaceAll(serveExample, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd.Flags(), append(serveFlagNames, "config")...); err != nil {
+			if err := applyEnv(cmd.Flags(), append(slices.Clip(serveFlagNames), "config")...); err != nil {
 				return err
 			}
 			if f.configFile != "" {
