@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -534,6 +535,9 @@ func parseDuration(s string) (time.Duration, error) {
 		if err != nil {
 			return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 24h, 7d", s)
 		}
+		if n > math.MaxInt64/int(24*time.Hour) {
+			return 0, fmt.Errorf("duration %q is out of range", s) // never wrapped around
+		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
 		if s == "" {
@@ -588,14 +592,9 @@ func (f *clientFlags) nearNamespace(name string) string {
 	if err != nil {
 		return ""
 	}
-	best, bestD := "", 3
-	for _, ns := range all {
-		if strings.EqualFold(ns.Name, name) {
-			return ns.Name
-		}
-		if d := editDistance(name, ns.Name); d < bestD {
-			best, bestD = ns.Name, d
-		}
+	names := make([]string, len(all))
+	for i, ns := range all {
+		names[i] = ns.Name
 	}
-	return best
+	return nearest(name, names)
 }

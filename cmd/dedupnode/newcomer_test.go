@@ -60,13 +60,14 @@ func TestNewcomerCommandsAgainstDevCluster(t *testing.T) {
 	}
 
 	// import that fails says how many IDs the cluster took, not how many
-	// were read.
+	// were read. A --ttl over the namespace's max TTL is refused before
+	// anything is sent.
 	code, _, errs = runCLI(t, ctx, "a\nb\nc\n", "import", "--addr", addrs, "--ttl", "8d", "-")
-	if code != exitError || !strings.Contains(errs, "exceeds the max TTL of namespace default (7d); nothing of that request applied (no ID imported)") {
+	if code != exitUsage || !strings.Contains(errs, "--ttl gives a TTL of 8d, over the max TTL of namespace default (7d); nothing imported") {
 		t.Errorf("import over the max TTL: exit %d, stderr %q", code, errs)
 	}
 	code, _, errs = runCLI(t, ctx, "d\ne\n{\"id\":\"f\",\"ttl\":\"8d\"}\n", "import", "--addr", addrs, "--batch", "2", "-")
-	if code != exitError || !strings.Contains(errs, "(2 IDs imported before it;") {
+	if code != exitError || !strings.Contains(errs, "lines 1-2 are imported (2 IDs,") {
 		t.Errorf("import with a bad line after a batch: exit %d, stderr %q", code, errs)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -362,6 +364,13 @@ default. TTLs are rounded up to --ttl-granularity so IDs share requests;
 an ID never expires earlier than asked. Marks are idempotent: running an
 import twice is harmless (the second run reports duplicates).
 
+A line is refused, never imported with another TTL, when a field is
+unknown, repeated or out of range, or it gives more than one of "ttl",
+"ttl_ms" and "expires_unix_ms": the error names the line and the field.
+When no request went out yet, nothing is imported (exit 2); else every
+line before the bad one is, and none after it (exit 1), as the error says:
+fix the line and run the import again, or resume at that line.
+
 Records of 'dedupnode export' keep their state: a "leased" record is
 claimed for the time its lease has left (to the second), with its digest
 and request token, so a redelivery gets in_progress until then — never
@@ -406,6 +415,14 @@ so every fencing token it grants afterwards exceeds the source's.`,
 				}
 				cancel()
 			}
+			lim := importLimits{namespace: namespace, maxTTL: maxTTL}
+			if ttl > 0 {
+				if err := lim.check("ttl", "--ttl", ttl); err != nil {
+					var le *importLineError
+					errors.As(err, &le)
+					return usagef("%s; nothing imported", le.Reason)
+				}
+			}
 			bar := newBar(progressOut(e, noProgress), total, "import", true)
 			defer bar.Finish()
 
@@ -419,6 +436,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 			lines := map[groupKey][]int{} // the input line of each of groups' items
 			var stats struct{ read, new, dup, conflict, leased, inProgress, expired int }
 			var epoch *uint64
+			sent := false // an import request went out
 			flush := func(k groupKey) error {
 				items := groups[k]
 				if len(items) == 0 {
@@ -440,10 +458,14 @@ so every fencing token it grants afterwards exceeds the source's.`,
 					return nil
 				}
 				var res []client.Result
+				sent = true
 				if k.leased {
 					res, err = c.Claim(ctx, namespace, items, k.d)
 				} else {
 					res, err = c.Mark(ctx, namespace, items, k.d)
+				}
+				if te := importTTLError(err, itemLines); te != nil {
+					return te
 				}
 				if err != nil {
 					return rejectedLine(err, items, itemLines)
@@ -468,11 +490,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 			// failed explains a failed request and says how many IDs the
 			// cluster took before it (not how many were read).
 			failed := func(err error) error {
-				if te := importTTLError(err); te != nil {
-					err = te
-				} else {
-					err = explain(err, f, namespace)
-				}
+				err = explain(err, f, namespace)
 				var oe *opError
 				if errors.As(err, &oe) {
 					if done := stats.new + stats.dup + stats.conflict + stats.leased + stats.inProgress; done == 0 {
@@ -482,6 +500,33 @@ so every fencing token it grants afterwards exceeds the source's.`,
 					}
 				}
 				return err
+			}
+			// badLine refuses line n. The lines before it are all
+			// imported, or (when no request was sent yet) none is: never
+			// some of them, so that the error can say how far it got and
+			// a re-run (IDs already in answer duplicate) or a resume at
+			// line n is exact.
+			badLine := func(n int, err error) error {
+				msg := fmt.Sprintf("line %d: %v", n, err)
+				var le *importLineError
+				if errors.As(err, &le) && le.Field != "" {
+					msg = fmt.Sprintf("line %d, field %s: %s", n, le.Field, le.Reason)
+				}
+				if !sent && epoch == nil {
+					return usagef("%s; nothing imported", msg)
+				}
+				for k := range groups {
+					if err := flush(k); err != nil {
+						return failed(err)
+					}
+				}
+				done := stats.new + stats.dup + stats.conflict + stats.leased + stats.inProgress
+				resume := fmt.Sprintf("tail -n +%d %s | %s import ... -", n, args[0], e.progName)
+				if args[0] == "-" {
+					resume = fmt.Sprintf("feed it the input from line %d on", n)
+				}
+				return &opError{err: fmt.Errorf("%s; lines 1-%d are imported (%d IDs, %d skipped as expired), nothing from line %d on", msg, n-1, done, stats.expired, n),
+					hint: fmt.Sprintf("fix line %d and run the same import again (IDs already in answer duplicate), or resume at line %d (%s)", n, n, resume)}
 			}
 			sc := bufio.NewScanner(in)
 			sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -493,13 +538,13 @@ so every fencing token it grants afterwards exceeds the source's.`,
 				if text == "" {
 					continue
 				}
-				r, err := parseImportLine(text, ttl, time.Now())
+				r, err := parseImportLine(text, ttl, time.Now(), lim)
 				if err != nil {
-					return usagef("line %d: %v", line, err)
+					return badLine(line, err)
 				}
 				if r.header != nil {
 					if records > 0 || epoch != nil {
-						return usagef("line %d: an export header must be the file's first line", line)
+						return badLine(line, errors.New("an export header must be the file's first line"))
 					}
 					// Before any lease is claimed: fencing tokens of this
 					// cluster must exceed the source's from here on.
@@ -522,7 +567,7 @@ so every fencing token it grants afterwards exceeds the source's.`,
 				stats.read++
 				k := groupKey{leased: r.leased, d: r.ttl}
 				if !r.leased {
-					k.d = roundTTL(r.ttl, granularity, maxTTL)
+					k.d = roundTTL(r.ttl, granularity, cmp.Or(maxTTL, time.Duration(fsm.MaxTTLLimitMs)*time.Millisecond))
 				}
 				groups[k] = append(groups[k], client.Item{ID: r.id, Digest: r.digest, RequestToken: r.token})
 				lines[k] = append(lines[k], line)
@@ -640,19 +685,26 @@ func raiseFenceEpoch(ctx context.Context, c *client.Client, f *clientFlags, epoc
 	return got, nil
 }
 
-// importTTLError rewords a TTL out of its namespace's range for import,
-// whose TTLs come from --ttl or from the lines; nil for other errors.
-func importTTLError(err error) error {
+// importTTLError rewords a TTL (or lease) out of its namespace's range
+// for import, naming the input lines of the refused request, whose items
+// all share that TTL (lines are checked before they are sent: this is a
+// namespace created, or its max TTL lowered, during the import); nil for
+// other errors.
+func importTTLError(err error, itemLines []int) error {
 	e := client.AsError(err)
-	if e.Kind != client.ErrInvalidArgument || e.Field != "ttl_ms" || e.MaxMs == 0 {
+	if e == nil || e.Kind != client.ErrInvalidArgument || (e.Field != "ttl_ms" && e.Field != "lease_ms") || e.MaxMs == 0 || len(itemLines) == 0 {
 		return nil
+	}
+	where := fmt.Sprintf("line %d", itemLines[0])
+	if n := len(itemLines); n > 1 {
+		where = fmt.Sprintf("lines %d and %d more with the same TTL", itemLines[0], n-1)
 	}
 	limit := fmtDuration(time.Duration(e.MaxMs) * time.Millisecond)
 	if e.Namespace == "" {
-		return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds %s, the largest max TTL a namespace can have; nothing of that request applied", limit),
+		return &opError{err: fmt.Errorf("%s: the TTL (from --ttl or the line) exceeds %s, the largest max TTL a namespace can have; nothing of that request applied", where, limit),
 			hint: "pass a shorter --ttl, or shorten the lines' TTLs"}
 	}
-	return &opError{err: fmt.Errorf("a TTL (from --ttl or a line) exceeds the max TTL of namespace %s (%s); nothing of that request applied", e.Namespace, limit),
+	return &opError{err: fmt.Errorf("%s: the TTL (from --ttl or the line) exceeds the max TTL of namespace %s (%s); nothing of that request applied", where, e.Namespace, limit),
 		hint: fmt.Sprintf("pass a shorter --ttl, or raise the limit with 'dedupnode namespace update %s --max-ttl DURATION'", e.Namespace)}
 }
 
@@ -669,9 +721,56 @@ type importRec struct {
 	digest, token []byte
 }
 
+// importLineError refuses one import line: Field is the JSON field at
+// fault ("" for the line as a whole), Reason why, in our words.
+type importLineError struct {
+	Field, Reason string
+}
+
+func (e *importLineError) Error() string {
+	if e.Field == "" {
+		return e.Reason
+	}
+	return "field " + e.Field + ": " + e.Reason
+}
+
+func lineErrorf(field, format string, args ...any) error {
+	return &importLineError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// importLimits are the TTL limits a line is checked against before
+// anything is sent: the namespace's max TTL when known (0: unknown, then
+// only the limit every namespace has, fsm.MaxTTLLimitMs).
+type importLimits struct {
+	namespace string
+	maxTTL    time.Duration
+}
+
+// check refuses a TTL (or a lease's time left) the target cannot hold,
+// naming field: never narrowed to the limit, never widened by overflow.
+func (l importLimits) check(field, given string, d time.Duration) error {
+	limit := time.Duration(fsm.MaxTTLLimitMs) * time.Millisecond
+	if l.maxTTL > 0 && l.maxTTL < limit {
+		if d > l.maxTTL {
+			return lineErrorf(field, "%s gives a TTL of %s, over the max TTL of namespace %s (%s)", given, fmtDuration(d), nsName(l.namespace), fmtDuration(l.maxTTL))
+		}
+		return nil
+	}
+	if d > limit {
+		return lineErrorf(field, "%s gives a TTL of %s, over %s, the largest max TTL a namespace can have", given, fmtDuration(d), fmtDuration(limit))
+	}
+	return nil
+}
+
+// importFields are the fields an import line may carry (exportLine's).
+var importFields = []string{"id", "id_b64", "state", "first_seen_unix_ms", "expires_unix_ms", "ttl", "ttl_ms", "digest_b64", "token_b64", "fence"}
+
 // parseImportLine parses one import line: a plain ID, an NDJSON record, or
-// export's header line.
-func parseImportLine(text string, defTTL time.Duration, now time.Time) (importRec, error) {
+// export's header line. A refused record line's error is an
+// *importLineError naming the field. Of "ttl", "ttl_ms" and
+// "expires_unix_ms" a line gives one at most; every TTL is checked against
+// lim (so that nothing is sent for it).
+func parseImportLine(text string, defTTL time.Duration, now time.Time, lim importLimits) (importRec, error) {
 	if !strings.HasPrefix(text, "{") {
 		return importRec{id: []byte(text), ttl: defTTL}, nil
 	}
@@ -690,65 +789,177 @@ func parseImportLine(text string, defTTL time.Duration, now time.Time) (importRe
 		}
 		return importRec{header: &h}, nil
 	}
-	dec := json.NewDecoder(strings.NewReader(text))
-	dec.DisallowUnknownFields()
-	var l exportLine
-	if err := dec.Decode(&l); err != nil {
-		return importRec{}, fmt.Errorf("NDJSON: %w", err)
+	fields, err := jsonObjectFields(text)
+	if err != nil {
+		return importRec{}, err
 	}
+	str := func(name string) (string, bool, error) {
+		raw, ok := fields[name]
+		if !ok {
+			return "", false, nil
+		}
+		var v string
+		if k := jsonKind(raw); k != "string" {
+			return "", false, lineErrorf(name, "want a string, got %s %s", k, raw)
+		}
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return "", false, lineErrorf(name, "not a valid JSON string")
+		}
+		return v, true, nil
+	}
+	integer := func(name, unit string) (int64, bool, error) {
+		raw, ok := fields[name]
+		if !ok {
+			return 0, false, nil
+		}
+		if k := jsonKind(raw); k != "number" {
+			return 0, false, lineErrorf(name, "want a whole number of %s, got %s %s", unit, k, raw)
+		}
+		v, err := strconv.ParseInt(string(raw), 10, 64)
+		var ne *strconv.NumError
+		switch {
+		case errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange):
+			return 0, false, lineErrorf(name, "%s is out of range", raw)
+		case err != nil:
+			return 0, false, lineErrorf(name, "%s is not a whole number of %s", raw, unit)
+		}
+		return v, true, nil
+	}
+
 	var r importRec
+	id, hasID, err := str("id")
+	if err != nil {
+		return r, err
+	}
+	idB64, hasIDB64, err := str("id_b64")
+	if err != nil {
+		return r, err
+	}
 	switch {
-	case l.ID != "" && l.IDB64 != "":
-		return r, errors.New(`give "id" or "id_b64", not both`)
-	case l.ID != "":
-		r.id = []byte(l.ID)
-	case l.IDB64 != "":
-		b, err := base64.StdEncoding.DecodeString(l.IDB64)
+	case hasID && hasIDB64:
+		return r, lineErrorf("id", `give "id" or "id_b64", not both`)
+	case hasID:
+		if id == "" {
+			return r, lineErrorf("id", "empty: an ID is 1 byte or more")
+		}
+		r.id = []byte(id)
+	case hasIDB64:
+		b, err := base64.StdEncoding.DecodeString(idB64)
 		if err != nil {
-			return r, fmt.Errorf("id_b64: %w", err)
+			return r, lineErrorf("id_b64", "not standard base64")
+		}
+		if len(b) == 0 {
+			return r, lineErrorf("id_b64", "empty: an ID is 1 byte or more")
 		}
 		r.id = b
 	default:
-		return r, errors.New(`missing "id"`)
+		return r, lineErrorf("", `missing "id" (or "id_b64")`)
 	}
-	switch l.State {
+	state, _, err := str("state")
+	if err != nil {
+		return r, err
+	}
+	switch state {
 	case "", "committed":
 	case "leased":
 		r.leased = true
 	default:
-		return r, fmt.Errorf(`state %q: want "committed" or "leased" (released leases answer as absent: leave them out)`, l.State)
+		return r, lineErrorf("state", `%q: want "committed" or "leased" (released leases answer as absent: leave them out)`, state)
 	}
 	for _, b := range []struct {
-		name, v string
-		dst     *[]byte
-		max     int
-	}{{"digest_b64", l.DigestB64, &r.digest, fsm.MaxDigestBytes}, {"token_b64", l.TokenB64, &r.token, fsm.MaxTokenBytes}} {
-		if b.v == "" {
+		name string
+		dst  *[]byte
+		max  int
+	}{{"digest_b64", &r.digest, fsm.MaxDigestBytes}, {"token_b64", &r.token, fsm.MaxTokenBytes}} {
+		s, ok, err := str(b.name)
+		if err != nil || !ok {
+			if err != nil {
+				return r, err
+			}
 			continue
 		}
-		v, err := base64.StdEncoding.DecodeString(b.v)
+		v, err := base64.StdEncoding.DecodeString(s)
 		if err != nil {
-			return r, fmt.Errorf("%s: %w", b.name, err)
+			return r, lineErrorf(b.name, "not standard base64")
 		}
 		if len(v) > b.max {
-			return r, fmt.Errorf("%s: %d bytes, at most %d", b.name, len(v), b.max)
+			return r, lineErrorf(b.name, "%d bytes, at most %d", len(v), b.max)
 		}
 		*b.dst = v
 	}
+	// Informative fields: checked, not used.
+	if _, _, err := integer("first_seen_unix_ms", "milliseconds"); err != nil {
+		return r, err
+	}
+	if fence, ok, err := integer("fence", "fencing token"); err != nil {
+		return r, err
+	} else if ok && fence < 0 {
+		return r, lineErrorf("fence", "%d is negative", fence)
+	}
+
+	// One source of TTL at most: two would leave one of them ignored.
+	var given []string
+	for _, name := range []string{"ttl", "ttl_ms", "expires_unix_ms"} {
+		if _, ok := fields[name]; ok {
+			given = append(given, name)
+		}
+	}
+	if len(given) > 1 {
+		return r, lineErrorf(given[1], "conflicts with %q on the same line: give one of \"ttl\", \"ttl_ms\" or \"expires_unix_ms\"", given[0])
+	}
+	limitMs := fsm.MaxTTLLimitMs
 	r.ttl = defTTL
-	switch {
-	case l.TTL != "":
-		v, err := parseDuration(l.TTL)
-		if err != nil {
-			return r, fmt.Errorf("ttl: %w", err)
+	if ttl, ok, err := str("ttl"); err != nil {
+		return r, err
+	} else if ok {
+		v, err := parseDuration(ttl)
+		switch {
+		case err != nil:
+			return r, lineErrorf("ttl", "%q is not a duration: want e.g. \"90s\", \"24h\", \"7d\"", ttl)
+		case v <= 0:
+			return r, lineErrorf("ttl", "%q: a TTL must be positive (leave the field out for the default)", ttl)
+		case v%time.Millisecond != 0:
+			return r, lineErrorf("ttl", "%q is not a whole number of milliseconds (the store counts in ms)", ttl)
+		}
+		if err := lim.check("ttl", strconv.Quote(ttl), v); err != nil {
+			return r, err
 		}
 		r.ttl = v
-	case l.TTLMs > 0:
-		r.ttl = time.Duration(l.TTLMs) * time.Millisecond
-	case l.ExpiresUnixMs > 0:
-		r.ttl = time.UnixMilli(l.ExpiresUnixMs).Sub(now)
+	}
+	if ms, ok, err := integer("ttl_ms", "milliseconds"); err != nil {
+		return r, err
+	} else if ok {
+		if ms <= 0 {
+			return r, lineErrorf("ttl_ms", "%d: a TTL must be positive (leave the field out for the default)", ms)
+		}
+		if ms > limitMs { // before converting, which could overflow
+			return r, lineErrorf("ttl_ms", "%d ms is over %s, the largest max TTL a namespace can have", ms, fmtDuration(time.Duration(limitMs)*time.Millisecond))
+		}
+		v := time.Duration(ms) * time.Millisecond
+		if err := lim.check("ttl_ms", strconv.FormatInt(ms, 10), v); err != nil {
+			return r, err
+		}
+		r.ttl = v
+	}
+	if ms, ok, err := integer("expires_unix_ms", "milliseconds since 1970"); err != nil {
+		return r, err
+	} else if ok {
+		if ms <= 0 {
+			return r, lineErrorf("expires_unix_ms", "%d: want a positive Unix time in milliseconds (leave the field out for the default TTL)", ms)
+		}
+		left := ms - now.UnixMilli() // no overflow: both are positive int64s
+		if left > limitMs {
+			at := time.UnixMilli(ms).UTC().Format(time.RFC3339)
+			if ms/1000 > 253402300799 { // past year 9999
+				at = "past year 9999"
+			}
+			return r, lineErrorf("expires_unix_ms", "%d (%s) is more than %s from now, the largest max TTL a namespace can have", ms, at, fmtDuration(time.Duration(limitMs)*time.Millisecond))
+		}
+		r.ttl = time.UnixMilli(ms).Sub(now)
 		if r.ttl < time.Second {
 			r.expired = true // expired, or too close to it to matter
+		} else if err := lim.check("expires_unix_ms", strconv.FormatInt(ms, 10)+" ("+time.UnixMilli(ms).UTC().Format(time.RFC3339)+")", r.ttl); err != nil {
+			return r, err
 		}
 	}
 	if r.leased && r.ttl > 0 {
@@ -756,6 +967,94 @@ func parseImportLine(text string, defTTL time.Duration, now time.Time) (importRe
 		r.ttl = (r.ttl + time.Second - 1) / time.Second * time.Second
 	}
 	return r, nil
+}
+
+// jsonObjectFields splits one JSON object into its fields, refusing what
+// would otherwise be silently dropped or overridden: unknown fields, a
+// field given twice, anything after the object.
+func jsonObjectFields(text string) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	bad := func(err error) error {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return lineErrorf("", "not valid JSON (at byte %d)", se.Offset)
+		}
+		return lineErrorf("", "not valid JSON (it ends too early)")
+	}
+	if tok, err := dec.Token(); err != nil {
+		return nil, bad(err)
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, lineErrorf("", "a line starting with { must be one JSON object")
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, bad(err)
+		}
+		name, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, bad(err)
+		}
+		if !slices.Contains(importFields, name) {
+			hint := ""
+			if near := nearest(name, importFields); near != "" {
+				hint = fmt.Sprintf(" (did you mean %q?)", near)
+			}
+			return nil, lineErrorf(name, "unknown field%s; known: %s", hint, strings.Join(importFields, ", "))
+		}
+		if _, dup := fields[name]; dup {
+			return nil, lineErrorf(name, "given twice")
+		}
+		if jsonKind(raw) == "null" {
+			continue // as if absent, as before
+		}
+		fields[name] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing }
+		return nil, bad(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, lineErrorf("", "more than one JSON value on the line")
+	}
+	return fields, nil
+}
+
+// jsonKind names the kind of one JSON value.
+func jsonKind(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// nearest returns the candidate within two edits of s (or equal but for
+// case), "" if none.
+func nearest(s string, candidates []string) string {
+	best, bestD := "", 3
+	for _, c := range candidates {
+		if strings.EqualFold(s, c) {
+			return c
+		}
+		if d := editDistance(s, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
 }
 
 // roundTTL rounds d up to a multiple of granularity, but not past maxTTL

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -114,7 +115,7 @@ func TestParseImportLine(t *testing.T) {
 		{`{"id":"x","expires_unix_ms":999999000}`, "", 0, true},
 		{`{"id":"x"}`, "x", time.Hour, false},
 	} {
-		r, err := parseImportLine(c.in, time.Hour, now)
+		r, err := parseImportLine(c.in, time.Hour, now, importLimits{})
 		if err != nil {
 			t.Errorf("%s: %v", c.in, err)
 			continue
@@ -131,18 +132,18 @@ func TestParseImportLine(t *testing.T) {
 	}
 	// A lease keeps its expiry to the second, never earlier, with its
 	// digest and token; the header names the source's fencing epoch.
-	r, err := parseImportLine(`{"id":"l","state":"leased","expires_unix_ms":1000090500,"digest_b64":"ZGc=","token_b64":"dG9r","fence":7}`, time.Hour, now)
+	r, err := parseImportLine(`{"id":"l","state":"leased","expires_unix_ms":1000090500,"digest_b64":"ZGc=","token_b64":"dG9r","fence":7}`, time.Hour, now, importLimits{})
 	if err != nil || !r.leased || r.ttl != 91*time.Second || string(r.digest) != "dg" || string(r.token) != "tok" {
 		t.Errorf("leased line: %+v %v", r, err)
 	}
-	r, err = parseImportLine(`{"dedupnode_export":1,"namespace":"orders","fence_epoch":4}`, time.Hour, now)
+	r, err = parseImportLine(`{"dedupnode_export":1,"namespace":"orders","fence_epoch":4}`, time.Hour, now, importLimits{})
 	if err != nil || r.header == nil || r.header.FenceEpoch != 4 || r.id != nil {
 		t.Errorf("header line: %+v %v", r, err)
 	}
 	for _, bad := range []string{`{"id":"x","id_b64":"eA=="}`, `{}`, `{"id":"x","extra":1}`, `{"id":"x","ttl":"soon"}`, `{"id_b64":"%%"}`,
 		`{"id":"x","state":"released"}`, `{"id":"x","digest_b64":"%%"}`, `{"id":"x","token_b64":"` + strings.Repeat("QUFB", 22) + `"}`,
 		`{"dedupnode_export":2,"namespace":"x","fence_epoch":0}`, `{"dedupnode_export":1,"fence_epoch":70000}`} {
-		if _, err := parseImportLine(bad, 0, now); err == nil {
+		if _, err := parseImportLine(bad, 0, now, importLimits{}); err == nil {
 			t.Errorf("%s: accepted", bad)
 		}
 	}
@@ -257,7 +258,7 @@ func FuzzParseImportLine(f *testing.F) {
 	}
 	now := time.Unix(1_000_000, 0)
 	f.Fuzz(func(t *testing.T, line string) {
-		r, err := parseImportLine(line, time.Hour, now)
+		r, err := parseImportLine(line, time.Hour, now, importLimits{})
 		if err != nil {
 			return
 		}
@@ -297,5 +298,68 @@ func TestImportRejectionNamesTheInputLine(t *testing.T) {
 	}
 	if strings.Contains(errb, "items[") {
 		t.Fatalf("the error names the ID's place in the request: %q", errb)
+	}
+}
+
+// TestParseImportLineNamesTheField: a refused line names the field at
+// fault and why, in our words (never encoding/json's Go type names), and
+// no value is widened, narrowed or overridden: a negative or zero TTL, two
+// TTL sources, an expiry past every namespace's limit and a fractional
+// number are refused (they were, in turn, given the default TTL, resolved
+// silently, overflowed into a negative TTL, and reported as "Go struct
+// field exportLine.ttl_ms of type int64").
+func TestParseImportLineNamesTheField(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	week := importLimits{namespace: "orders", maxTTL: 7 * 24 * time.Hour}
+	for _, c := range []struct {
+		in     string
+		lim    importLimits
+		field  string
+		reason string
+	}{
+		{`{"id":"im-6","ttl_ms":-5}`, importLimits{}, "ttl_ms", "-5: a TTL must be positive"},
+		{`{"id":"x","ttl_ms":0}`, importLimits{}, "ttl_ms", "0: a TTL must be positive"},
+		{`{"id":"im-7","ttl":"90s","ttl_ms":1000}`, importLimits{}, "ttl_ms", `conflicts with "ttl"`},
+		{`{"id":"x","ttl_ms":1000,"expires_unix_ms":1000060000}`, importLimits{}, "expires_unix_ms", `conflicts with "ttl_ms"`},
+		{`{"id":"x","expires_unix_ms":99999999999999}`, importLimits{}, "expires_unix_ms", "99999999999999 (5138-11-16T09:46:39Z) is more than 366d from now, the largest max TTL"},
+		{`{"id":"x","expires_unix_ms":9223372036854775807}`, importLimits{}, "expires_unix_ms", "past year 9999) is more than 366d from now"},
+		{`{"id":"x","expires_unix_ms":-1}`, importLimits{}, "expires_unix_ms", "want a positive Unix time"},
+		{`{"id":"x","expires_unix_ms":1700000000}`, week, "expires_unix_ms", "over the max TTL of namespace orders (7d)"},
+		{`{"id":"x","ttl_ms":1.5}`, importLimits{}, "ttl_ms", "1.5 is not a whole number of milliseconds"},
+		{`{"id":"x","ttl_ms":"5"}`, importLimits{}, "ttl_ms", `want a whole number of milliseconds, got string "5"`},
+		{`{"id":"x","ttl_ms":99999999999999999999}`, importLimits{}, "ttl_ms", "out of range"},
+		{`{"id":"x","ttl_ms":9223372036854775807}`, importLimits{}, "ttl_ms", "9223372036854775807 ms is over 366d"},
+		{`{"id":"x","ttl":"400d"}`, importLimits{}, "ttl", `"400d" gives a TTL of 400d, over 366d, the largest max TTL a namespace can have`},
+		{`{"id":"x","ttl":"8d"}`, week, "ttl", `"8d" gives a TTL of 8d, over the max TTL of namespace orders (7d)`},
+		{`{"id":"x","ttl":"99999999999999d"}`, importLimits{}, "ttl", "is not a duration"},
+		{`{"id":"x","ttl":"0s"}`, importLimits{}, "ttl", "a TTL must be positive"},
+		{`{"id":"x","ttl":"1500us"}`, importLimits{}, "ttl", "not a whole number of milliseconds"},
+		{`{"id":"x","ttl":90}`, importLimits{}, "ttl", "want a string, got number 90"},
+		{`{"id":"x","ttl":"1s","ttl":"2s"}`, importLimits{}, "ttl", "given twice"},
+		{`{"id":"x","ttl_sm":5}`, importLimits{}, "ttl_sm", `unknown field (did you mean "ttl_ms"?)`},
+		{`{"id":""}`, importLimits{}, "id", "empty"},
+		{`{"id":5}`, importLimits{}, "id", "want a string, got number 5"},
+		{`{"id":"x","fence":-1}`, importLimits{}, "fence", "-1 is negative"},
+		{`{"id":"x"} {}`, importLimits{}, "", "more than one JSON value"},
+		{`{"id":"x",}`, importLimits{}, "", "not valid JSON"},
+		{`{"ttl":"1s"}`, importLimits{}, "", `missing "id"`},
+	} {
+		_, err := parseImportLine(c.in, 0, now, c.lim)
+		var le *importLineError
+		if !errors.As(err, &le) {
+			t.Errorf("%s: got %v, want an importLineError", c.in, err)
+			continue
+		}
+		if le.Field != c.field || !strings.Contains(le.Reason, c.reason) {
+			t.Errorf("%s: field %q reason %q; want field %q reason containing %q", c.in, le.Field, le.Reason, c.field, c.reason)
+		}
+		if strings.Contains(le.Reason, "Go struct") || strings.Contains(le.Reason, "int64") {
+			t.Errorf("%s: reason in Go's words: %q", c.in, le.Reason)
+		}
+	}
+	// Within the limits, each TTL source gives exactly what it says.
+	r, err := parseImportLine(`{"id":"x","expires_unix_ms":1000060000,"ttl":null}`, time.Hour, now, week)
+	if err != nil || r.ttl != time.Minute {
+		t.Errorf("expires_unix_ms with a null ttl: %+v %v", r, err)
 	}
 }
