@@ -56,10 +56,13 @@ members (id, raft_addr, grpc_addr, suffrage, leader, region), ids_stored,
 bloom, and region and preferred_leader_regions when set.
 
 --wait asks the first node of --addr only, and returns once that node knows
-a leader and its applied index has reached the leader's commit index as
-read from the leader when the wait began: the node has caught up and can
-serve. It exits 1 if that does not happen within --timeout. Use it after
-starting or restarting a node, before taking down the next one.`,
+a leader, its applied index has reached the leader's commit index as read
+from the leader when the wait began, and it is healthy (its status says so
+and its gRPC health check answers SERVING: not while a new leader is still
+getting ready, nor with its disk low): the node has caught up and can
+serve. It exits 1 if that does not happen within --timeout, saying why.
+Use it after starting or restarting a node, before taking down the next
+one.`,
 		Example: strings.ReplaceAll(`  dedupnode status --addr 127.0.0.1:7070
   dedupnode status --addr 127.0.0.1:7071 --wait   # until n2 knows a leader and has caught up
   dedupnode status --output json | jq -r .leader_id`, "dedupnode ", e.progName+" "),
@@ -87,13 +90,14 @@ starting or restarting a node, before taking down the next one.`,
 	}
 	f.register(cmd)
 	cmd.Flags().Lookup("timeout").Usage = "give up after this `DURATION`: asking the nodes of --addr, or with --wait, waiting for the node to catch up"
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until the first node of --addr knows a leader and has applied the log up to the leader's commit index as of the wait's start (caught up)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait (up to --timeout) until the first node of --addr knows a leader, has applied the log up to the leader's commit index as of the wait's start (caught up) and is healthy (SERVING)")
 	return cmd
 }
 
-// waitStatus polls the first node of --addr until it names a leader and
-// has applied the log up to the leader's commit index (read from the
-// leader once, when the leader first becomes known), or --timeout passes.
+// waitStatus polls the first node of --addr until it names a leader, has
+// applied the log up to the leader's commit index (read from the leader
+// once, when the leader first becomes known) and is healthy, or --timeout
+// passes.
 func waitStatus(e *env, cmd *cobra.Command, f *clientFlags) (client.Status, error) {
 	var st client.Status
 	err := f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) (err error) {
@@ -111,6 +115,7 @@ func waitCaughtUp(ctx context.Context, e *env, f *clientFlags, c *client.Client)
 		lastErr error
 		target  uint64
 		known   bool // target read from the leader
+		serving bool // the node's gRPC health check answered SERVING
 	)
 	for {
 		st, lastErr = c.StatusOf(ctx, addr)
@@ -129,8 +134,16 @@ func waitCaughtUp(ctx context.Context, e *env, f *clientFlags, c *client.Client)
 					target, known = ls.CommitIndex, true
 				}
 			}
-			if known && st.AppliedIndex >= target {
-				return st, nil
+			if known && st.AppliedIndex >= target && st.Healthy {
+				// What load balancers see: the health service, which the
+				// node updates from the verdict its status carries.
+				serving, lastErr = c.HealthOf(ctx, addr)
+				if lastErr != nil && !client.Heals(lastErr) {
+					return client.Status{}, explain(lastErr, f, "")
+				}
+				if waitDone(st, target, known, serving) {
+					return st, nil
+				}
 			}
 		}
 		select {
@@ -148,11 +161,27 @@ func waitCaughtUp(ctx context.Context, e *env, f *clientFlags, c *client.Client)
 				return client.Status{}, &opError{err: fmt.Errorf("could not read the commit index of the leader %s at %s within --timeout %s", st.LeaderID, st.LeaderGRPCAddr, f.timeout),
 					hint: "check that the leader's gRPC address is reachable from here"}
 			}
-			return client.Status{}, &opError{err: fmt.Errorf("%s has applied up to index %d, not yet the leader's commit index %d, after --timeout %s", addr, st.AppliedIndex, target, f.timeout),
-				hint: "it is still catching up: wait longer with a larger --timeout, or see its log"}
+			if st.AppliedIndex < target {
+				return client.Status{}, &opError{err: fmt.Errorf("%s has applied up to index %d, not yet the leader's commit index %d, after --timeout %s", addr, st.AppliedIndex, target, f.timeout),
+					hint: "it is still catching up: wait longer with a larger --timeout, or see its log"}
+			}
+			if !st.Healthy {
+				return client.Status{}, &opError{err: fmt.Errorf("%s has caught up but is not healthy after --timeout %s: %s", addr, f.timeout, st.HealthReason),
+					hint: "see its log and 'dedupnode status --addr " + addr + "'"}
+			}
+			return client.Status{}, &opError{err: fmt.Errorf("%s reports itself healthy but its gRPC health check did not answer SERVING within --timeout %s", addr, f.timeout),
+				hint: "see its log"}
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// waitDone is status --wait's condition on the node's status st: it knows
+// a leader, has applied up to target (the leader's commit index, known
+// once read), and is healthy, both in st and in its gRPC health check
+// (serving).
+func waitDone(st client.Status, target uint64, known, serving bool) bool {
+	return st.LeaderID != "" && known && st.AppliedIndex >= target && st.Healthy && serving
 }
 
 // statusJSONShape is client.Status with the leader time omitted when
