@@ -95,7 +95,7 @@ func (n *Node) Health() (ok bool, reason string) {
 	case ds.Low && ds.Err != nil:
 		return false, fmt.Sprintf("cannot measure free disk space of %s (%v): writes refused", ds.Dir, ds.Err)
 	case ds.Low:
-		return false, fmt.Sprintf("disk space low: %s free in %s, below --min-free-disk %s: writes refused, reads served", diskspace.Bytes(ds.Free), ds.Dir, diskspace.Bytes(ds.MinFree))
+		return false, fmt.Sprintf("disk space low: %s free in %s: writes refused until %s are free (--min-free-disk %s, plus 1/16), reads served", diskspace.Bytes(ds.Free), ds.Dir, diskspace.Bytes(diskspace.ResumeAt(ds.MinFree)), diskspace.Bytes(ds.MinFree))
 	}
 	switch n.raft.State() {
 	case raft.Leader:

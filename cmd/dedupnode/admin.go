@@ -359,8 +359,8 @@ the one that does has another ID. --force adds the node without asking.`,
 		Example: strings.ReplaceAll(`  dedupnode join --addr 127.0.0.1:7070 --node-id n4 --raft-addr 10.0.0.4:7000 --grpc-addr 10.0.0.4:7070`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if id == "" || raftAddr == "" || grpcAddr == "" {
-				return usagef("--node-id, --raft-addr and --grpc-addr are all required")
+			if err := requireFlags([]string{"node-id", id, "raft-addr", raftAddr, "grpc-addr", grpcAddr}); err != nil {
+				return err
 			}
 			c, err := f.dial(e.ctx, cmd)
 			if err != nil {

@@ -178,6 +178,9 @@ func (f *clientFlags) validateConn(cmd *cobra.Command) error {
 	for i, a := range f.addrs {
 		a = strings.TrimSpace(a)
 		f.addrs[i] = a
+		if a == "" {
+			return usagef("empty address in %s (trailing comma?): give gRPC HOST:PORT addresses separated by commas, e.g. --addr %s", flagName(fs, "addr"), defaultAddr)
+		}
 		if scheme, rest, ok := strings.Cut(a, "://"); ok {
 			return usagef("%s: drop the %s:// scheme: nodes speak gRPC on HOST:PORT, e.g. --addr %s", flagValue(fs, "addr", a), scheme, strings.TrimSuffix(rest, "/"))
 		}
@@ -382,6 +385,12 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 		// Writes with request tokens (mark, claim) are explained by
 		// outcomeUnknown, with the token; commit, renew, release and
 		// forget answer a repeat as they did (ok).
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The call's own --timeout ended it (an interrupt is
+			// context.Canceled): repeating it could end the same way.
+			return &opError{err: fmt.Errorf("outcome unknown: no answer within --timeout %s: the write may or may not have been applied%s: %s", fmtDuration(f.timeout), where, msg),
+				hint: fmt.Sprintf("re-run the same command with a longer --timeout (e.g. --timeout %s)", fmtDuration(longerTimeout(f.timeout)))}
+		}
 		return &opError{err: fmt.Errorf("outcome unknown: the write may or may not have been applied%s: %s", where, msg),
 			hint: "re-run the same command once the cluster has a leader (" + statusHint + ")"}
 	case errors.Is(err, context.DeadlineExceeded) && e.Kind == nil:

@@ -119,6 +119,13 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"namespace zero max id bytes", []string{"namespace", "create", "t1", "--max-id-bytes", "0"}, "--max-id-bytes 0"},
 		{"namespace no sub", []string{"namespace"}, "subcommand"},
 		{"remove no id", []string{"remove"}, "accepts 1 arg"},
+		// D7: the missing flags are named, and an empty --addr entry is
+		// called that (it was reported as --addr "").
+		{"restore without some flags", []string{"restore", "--from", "x.snap", "--data-dir", dir}, "--node-id and --raft-addr are missing (--from, --node-id, --data-dir and --raft-addr are all required)"},
+		{"restore without one flag", []string{"restore", "--from", "x.snap", "--data-dir", dir, "--node-id", "r1"}, "--raft-addr is missing"},
+		{"join without some flags", []string{"join", "--node-id", "n4"}, "--raft-addr and --grpc-addr are missing"},
+		{"addr with trailing comma", []string{"status", "--addr", "127.0.0.1:7070,"}, "empty address in --addr (trailing comma?)"},
+		{"addr with empty entry", []string{"mark", "--addr", "127.0.0.1:7070,,127.0.0.1:7071", "x"}, "empty address in --addr (trailing comma?)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -574,7 +574,14 @@ func outcomeUnknown(err error, e *env, cmd *cobra.Command, f *clientFlags, b bat
 		where = fmt.Sprintf(" (last known leader %s)", ce.LastLeader)
 	}
 	hexTok := hex.EncodeToString(token)
-	msg := fmt.Sprintf("outcome unknown: the write of %s, request token %s, may or may not have been applied%s: %s", b.span(), hexTok, where, ce.Message)
+	head, timeout := "outcome unknown", ""
+	if timedOut(err, e) {
+		// The call's own deadline ended it: a re-run with the same
+		// --timeout could end the same way.
+		head = fmt.Sprintf("outcome unknown: no answer within --timeout %s", fmtDuration(f.timeout))
+		timeout = fmtDuration(longerTimeout(f.timeout))
+	}
+	msg := fmt.Sprintf("%s: the write of %s, request token %s, may or may not have been applied%s: %s", head, b.span(), hexTok, where, ce.Message)
 	if b.sent > 0 {
 		msg += fmt.Sprintf("; %s (%d IDs) applied before", b.sentSpan(), b.sent)
 	}
@@ -582,14 +589,36 @@ func outcomeUnknown(err error, e *env, cmd *cobra.Command, f *clientFlags, b bat
 	if b.sent > 0 || b.from[0].line > 0 {
 		again = "send the input again from " + b.from[0].String() + " on to"
 	}
+	when := fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), ", strings.Join(f.addrs, ","))
+	if timeout != "" {
+		when = "with a longer --timeout, "
+	}
 	return &opError{err: errors.New(msg),
-		hint: fmt.Sprintf("once the cluster has a leader (see 'dedupnode status --addr %s'), %s %s, and each ID answers as this run would have (new stays new; a run without the token would answer duplicate for the IDs applied)",
-			strings.Join(f.addrs, ","), again, rerunWithToken(e, cmd, hexTok))}
+		hint: fmt.Sprintf("%s%s %s, and each ID answers as this run would have (new stays new; a run without the token would answer duplicate for the IDs applied)",
+			when, again, rerunWith(e, cmd, hexTok, timeout))}
+}
+
+// timedOut: err ended at the call's own deadline (--timeout), not at an
+// interrupt of the whole command.
+func timedOut(err error, e *env) bool {
+	return errors.Is(err, context.DeadlineExceeded) && e.ctx.Err() == nil
+}
+
+// longerTimeout is the --timeout a re-run after a call that ran out of
+// timeout is suggested: twice it, and at least the default (15s).
+func longerTimeout(d time.Duration) time.Duration {
+	return max(2*d, 15*time.Second)
 }
 
 // rerunWithToken is this run's command line with --request-token tok (in
 // place of the one given, if any), quoted for a POSIX shell.
 func rerunWithToken(e *env, cmd *cobra.Command, tok string) string {
+	return rerunWith(e, cmd, tok, "")
+}
+
+// rerunWith is rerunWithToken with --timeout timeout too, in place of the
+// one given, if any (timeout "": keep the command's).
+func rerunWith(e *env, cmd *cobra.Command, tok, timeout string) string {
 	var args []string
 	inserted := false
 	for i := 0; i < len(e.args); i++ {
@@ -600,15 +629,27 @@ func rerunWithToken(e *env, cmd *cobra.Command, tok string) string {
 			continue
 		case strings.HasPrefix(a, "--request-token="):
 			continue
+		case timeout != "" && a == "--timeout" && i+1 < len(e.args):
+			i++
+			continue
+		case timeout != "" && strings.HasPrefix(a, "--timeout="):
+			continue
 		}
 		args = append(args, a)
 		if !inserted && a == cmd.Name() {
 			args = append(args, "--request-token", tok)
+			if timeout != "" {
+				args = append(args, "--timeout", timeout)
+			}
 			inserted = true
 		}
 	}
 	if !inserted {
-		args = append([]string{cmd.Name(), "--request-token", tok}, args...)
+		head := []string{cmd.Name(), "--request-token", tok}
+		if timeout != "" {
+			head = append(head, "--timeout", timeout)
+		}
+		args = append(head, args...)
 	}
 	out := []string{e.progName}
 	for _, a := range args {

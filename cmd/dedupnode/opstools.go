@@ -176,8 +176,8 @@ the node table until you 'remove' them.`,
   dedupnode serve   --node-id r2 --data-dir data/r2 --raft-addr 127.0.0.1:7001 --grpc-addr 127.0.0.1:7071 --join 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if from == "" || nodeID == "" || dataDir == "" || raftAddr == "" {
-				return usagef("--from, --node-id, --data-dir and --raft-addr are all required")
+			if err := requireFlags([]string{"from", from, "node-id", nodeID, "data-dir", dataDir, "raft-addr", raftAddr}); err != nil {
+				return err
 			}
 			if hasState(dataDir) {
 				return usagef("%s already holds a node's state: restore into a new, empty --data-dir", dataDir)
@@ -211,6 +211,33 @@ the node table until you 'remove' them.`,
 	fs.StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` the node will serve on, as the other nodes reach it")
 	fs.StringVar(&logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` the node will be served with (serve --raft-log-store): wal or boltdb")
 	return cmd
+}
+
+// requireFlags refuses a command line that leaves a required flag empty,
+// naming the ones missing. nameValues holds each flag's name (without
+// dashes) and value, in the order the help lists them.
+func requireFlags(nameValues []string) error {
+	var all, missing []string
+	for i := 0; i+1 < len(nameValues); i += 2 {
+		all = append(all, "--"+nameValues[i])
+		if nameValues[i+1] == "" {
+			missing = append(missing, "--"+nameValues[i])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	list := func(s []string) string {
+		if len(s) == 1 {
+			return s[0]
+		}
+		return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+	}
+	verb := "is"
+	if len(missing) > 1 {
+		verb = "are"
+	}
+	return usagef("%s %s missing (%s are all required)", list(missing), verb, list(all))
 }
 
 // exportLine is one record in export/import NDJSON.

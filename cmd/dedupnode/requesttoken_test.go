@@ -42,8 +42,13 @@ func TestOutcomeUnknownPrintsTheTokenAndTheRerunAnswersAsTheFirstRun(t *testing.
 		if m == nil || !strings.Contains(errs, "outcome unknown") || !strings.Contains(errs, "request token "+m[3]) {
 			t.Fatalf("%s: stderr %q lacks the outcome, the token or the command to re-run", tc.cmd, errs)
 		}
-		if want := progName() + " " + tc.cmd + " --request-token " + m[3] + " --addr " + addr + " --timeout 2s -n tokens " + id; m[1] != want {
+		// D7: the call ran out of its --timeout: the error says so, and
+		// the command to re-run has a longer one.
+		if want := progName() + " " + tc.cmd + " --request-token " + m[3] + " --timeout 15s --addr " + addr + " -n tokens " + id; m[1] != want {
 			t.Fatalf("%s: command to re-run %q, want %q", tc.cmd, m[1], want)
+		}
+		if !strings.Contains(errs, "outcome unknown: no answer within --timeout 2s: the write of") || !strings.Contains(errs, "with a longer --timeout, re-run") {
+			t.Fatalf("%s: stderr %q does not say the call's --timeout 2s ran out", tc.cmd, errs)
 		}
 
 		// The printed command, run as printed, answers as the first run.
@@ -71,6 +76,19 @@ func TestOutcomeUnknownPrintsTheTokenAndTheRerunAnswersAsTheFirstRun(t *testing.
 	code, out, _ := runCLI(t, ctx, "", "check", "--addr", addr, "-n", "tokens", "in-doubt-claim")
 	if fence == "" || code != exitOK || !strings.Contains(out, "\tstate=leased\tfencing_token="+fence+"\t") {
 		t.Fatalf("check after the claims: exit %d, %q; want the lease with fencing token %q", code, out, fence)
+	}
+	var errs string
+
+	// D7: --timeout 1ms ends the call at its own deadline: never a re-run
+	// with that --timeout again.
+	drop.set(dedupv1.Dedup_Mark_FullMethodName, true)
+	code, _, errs = runCLI(t, ctx, "", "mark", "--addr", addr, "--timeout=1ms", "-n", "tokens", "short-deadline")
+	drop.set(dedupv1.Dedup_Mark_FullMethodName, false)
+	if code != exitError || !strings.Contains(errs, "no answer within --timeout 1ms") || strings.Contains(errs, "once the cluster has a leader") {
+		t.Fatalf("mark --timeout 1ms: exit %d, stderr %q; want it to say the 1ms ran out", code, errs)
+	}
+	if m := rerunRE.FindStringSubmatch(errs); m != nil && (strings.Contains(m[1], "1ms") || !strings.Contains(m[1], " --timeout 15s ")) {
+		t.Fatalf("mark --timeout 1ms: command to re-run %q repeats the 1ms or lacks a longer --timeout", m[1])
 	}
 
 	for _, bad := range []string{"xyz", "", strings.Repeat("ab", 65)} {

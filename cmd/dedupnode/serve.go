@@ -401,6 +401,12 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if err != nil {
 		return cfg, nil, err
 	}
+	// Another node's data dir is the first thing to say: whatever else is
+	// wrong with the flags (a --peers list without this node), the node
+	// would not start as this one.
+	if recorded, err := cluster.RecordedNodeID(f.dataDir); err == nil && recorded != "" && recorded != f.nodeID {
+		return cfg, nil, &opError{err: &cluster.NodeIDMismatchError{DataDir: f.dataDir, Recorded: recorded, Given: f.nodeID, Evidence: "recorded at first start"}}
+	}
 	if (f.bootstrap || f.peers != "") && hasState(f.dataDir) {
 		// Raft ignores a bootstrap over existing state: the node restarts
 		// as the member its data dir records. Say so, so that nobody

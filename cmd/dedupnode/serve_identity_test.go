@@ -94,4 +94,14 @@ func TestServeRefusesAnotherNodesDataDir(t *testing.T) {
 		t.Fatalf("serve n9 on n3's data dir: exit %d, stderr %q; want exit %d with %q", code, errs, exitError, want)
 	}
 	assertOneLine(t, errs)
+
+	// D7: with a --peers list that lacks n9 (the list of n3's cluster),
+	// whose own error came first, the data dir's owner is still what is
+	// said, and no "--peers is ignored" warning precedes it.
+	code, _, errs = runCLI(t, ctx, "", "serve", "--node-id", "n9", "--data-dir", dir,
+		"--raft-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--peers", "n1=127.0.0.1:1=127.0.0.1:2,n3=127.0.0.1:3=127.0.0.1:4")
+	if code != exitError || !strings.Contains(errs, want) || strings.Contains(errs, "ignored") {
+		t.Fatalf("serve n9 with --peers on n3's data dir: exit %d, stderr %q; want exit %d with only %q", code, errs, exitError, want)
+	}
+	assertOneLine(t, errs)
 }

@@ -69,11 +69,15 @@ type LowSpaceError struct {
 	Path    string // the data directory
 	Free    uint64 // bytes free when last measured
 	MinFree uint64 // the threshold below which writes are refused
+	// ResumeFree is the free space above which writes resume: MinFree
+	// plus a margin (ResumeAt), so a node at the edge does not flap. Free
+	// may be above MinFree and still below it.
+	ResumeFree uint64
 }
 
 func (e *LowSpaceError) Error() string {
-	return fmt.Sprintf("%s: data dir %s has %s free, below the minimum of %s (--min-free-disk); writes are refused until space is freed, reads are still served",
-		ErrLowSpace, e.Path, Bytes(e.Free), Bytes(e.MinFree))
+	return fmt.Sprintf("%s: data dir %s has %s free; writes are refused until %s are free (--min-free-disk %s, plus 1/16 once refused), reads are still served",
+		ErrLowSpace, e.Path, Bytes(e.Free), Bytes(e.ResumeFree), Bytes(e.MinFree))
 }
 
 // Unwrap makes errors.Is(err, ErrLowSpace) true.
@@ -115,6 +119,10 @@ type Config struct {
 	// free replaces Free in tests of the monitor's logic.
 	free func(string) (uint64, uint64, error)
 }
+
+// ResumeAt is the free space above which a node refusing writes for
+// minFree accepts them again: minFree plus a margin of 1/16 of it.
+func ResumeAt(minFree uint64) uint64 { return minFree + minFree/16 }
 
 // State is one measurement.
 type State struct {
@@ -232,7 +240,7 @@ func (m *Monitor) measure() State {
 			st.Critical = prev.Critical
 		}
 	case prev != nil && prev.Low:
-		st.Low = free < st.MinFree+st.MinFree/16
+		st.Low = free < ResumeAt(st.MinFree)
 	default:
 		st.Low = free < st.MinFree
 	}
@@ -274,7 +282,7 @@ func (m *Monitor) WriteErr() error {
 	if st.Err != nil {
 		return fmt.Errorf("%w: cannot measure free space of %s: %w", ErrLowSpace, st.Dir, st.Err)
 	}
-	return &LowSpaceError{Path: st.Dir, Free: st.Free, MinFree: st.MinFree}
+	return &LowSpaceError{Path: st.Dir, Free: st.Free, MinFree: st.MinFree, ResumeFree: ResumeAt(st.MinFree)}
 }
 
 // WaitRoom blocks while free space is below the reserve, re-measuring at

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,10 +31,15 @@ func TestMonitor_RefusesBelowMinFreeAndResumesAboveMargin(t *testing.T) {
 	if !errors.As(err, &low) || !errors.Is(err, ErrLowSpace) || low.Path != "/data" || low.Free != 60<<20 || low.MinFree != 64<<20 {
 		t.Fatalf("60 MiB free: %v, want a LowSpaceError naming /data, 60 MiB and 64 MiB", err)
 	}
-	// Back to just above the minimum: still refused (margin of 1/16).
+	// Back to just above the minimum: still refused (margin of 1/16), and
+	// the error says where writes resume, so "65 MiB free" does not read
+	// as above a minimum of 64 MiB yet refused.
 	ff.free.Store(65 << 20)
-	if m.Measure(); m.WriteErr() == nil {
-		t.Fatal("65 MiB free right after being low: accepted, want the 4 MiB margin first")
+	if m.Measure(); !errors.As(m.WriteErr(), &low) || low.ResumeFree != 68<<20 {
+		t.Fatalf("65 MiB free right after being low: %v, want refused until the 4 MiB margin", m.WriteErr())
+	}
+	if want := "data dir /data has 65.0 MiB free; writes are refused until 68.0 MiB are free (--min-free-disk 64.0 MiB, plus 1/16 once refused)"; !strings.Contains(low.Error(), want) {
+		t.Fatalf("error %q, want %q", low.Error(), want)
 	}
 	ff.free.Store(69 << 20)
 	if m.Measure(); m.WriteErr() != nil {
