@@ -156,6 +156,9 @@ window) is a namespace whose TTL is the window.`,
 			}
 			return withClient(f, cmd, args[0], func(ctx context.Context, c *client.Client) ([]client.Namespace, error) {
 				n, err := op(c, ctx, ns)
+				if err == nil && !update {
+					noteCappedDefaults(e.stderr, cmd, n)
+				}
 				return []client.Namespace{n}, err
 			})
 		})
@@ -172,7 +175,9 @@ answers NotFound for a namespace that was not created (unless run with
 --auto-create-namespaces); 'dev' creates namespaces with default settings on
 first use. A flag not given takes its default; 0 is not a value (omit the
 flag). --lease may exceed --ttl: a lease bounds processing, and the TTL
-counts from the commit; both are at most --max-ttl.`,
+counts from the commit; both are at most --max-ttl. A value given above
+--max-ttl is refused; a default not given is capped at --max-ttl (--max-ttl
+5s gives a default lease of 5s, not 30s), and a note on stderr says so.`,
 			Example: ex(`  dedupnode namespace create orders --ttl 24h --max-ttl 7d --lease 30s`),
 			Args:    cobra.ExactArgs(1),
 			RunE:    writeNS(f, s, false, (*client.Client).CreateNamespace),
@@ -254,10 +259,34 @@ counts from the commit; both are at most --max-ttl.`,
 	return cmd
 }
 
+// noteCappedDefaults says on stderr which settings the user did not give
+// came out below their usual default because the namespace's max TTL
+// caps them (the default TTL of 24h and lease of 30s are at most
+// --max-ttl), so that no value is narrowed silently. A value given with
+// its flag is never changed: above --max-ttl it is refused.
+func noteCappedDefaults(w io.Writer, cmd *cobra.Command, n client.Namespace) {
+	for _, d := range []struct {
+		flag, what string
+		usual, got time.Duration
+	}{
+		{"ttl", "default TTL", time.Duration(fsm.DefaultNamespaceConfig("").DefaultTTLMs) * time.Millisecond, n.DefaultTTL},
+		{"lease", "default lease", time.Duration(fsm.DefaultLeaseMs) * time.Millisecond, n.DefaultLease},
+	} {
+		if !cmd.Flags().Changed(d.flag) && d.got < d.usual && d.got == n.MaxTTL {
+			fmt.Fprintf(w, "note: %s %s is %s, not %s: capped at its --max-ttl %s (pass --%s to choose it)\n",
+				n.Name, d.what, fmtDuration(d.got), fmtDuration(d.usual), fmtDuration(n.MaxTTL), d.flag)
+		}
+	}
+}
+
 func explainNS(err0 error, f *clientFlags, name string) error {
 	err := explain(err0, f, "")
 	if oe, ok := err.(*opError); ok && name != "" && errors.Is(err0, client.ErrNamespaceNotFound) {
 		oe.hint = "list namespaces with 'dedupnode namespace list' or create it with 'dedupnode namespace create " + name + "'"
+		if near := f.nearNamespace(name); near != "" {
+			// As mark, check and export do.
+			oe.hint = fmt.Sprintf("did you mean %q? Or %s", near, oe.hint)
+		}
 	}
 	return err
 }
