@@ -316,6 +316,40 @@ type Member struct {
 	// Region is the member's region as the cluster records it ("" if
 	// none is known).
 	Region string `json:"region,omitempty"`
+	// Reachability is the member's liveness as the leader sees it from its
+	// heartbeats. A follower asks the leader for it; ReachabilityUnknown
+	// when no leader answered (or the server is older).
+	Reachability Reachability `json:"reachability"`
+	// UnreachableSince (Unreachable only): when the leader last heard from
+	// the member, or began leading if it never did since.
+	UnreachableSince time.Time `json:"unreachable_since,omitzero"`
+	// LogLag is how many entries the member's Raft log was behind the
+	// leader's as of its last answer (0: caught up, the leader, unknown).
+	LogLag uint64 `json:"log_lag,omitempty"`
+	// LastError (Unreachable only) is the leader's latest failed call to
+	// it; "" when the calls hang instead (a frozen process, a cut link).
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Reachability is a member's liveness as the leader sees it.
+type Reachability string
+
+const (
+	ReachabilityUnknown Reachability = "unknown"
+	Reachable           Reachability = "reachable"
+	// Unreachable: a call from the leader failed since the member last
+	// answered, or it answered none for a whole heartbeat timeout.
+	Unreachable Reachability = "unreachable"
+)
+
+func reachabilityOf(r dedupv1.Reachability) Reachability {
+	switch r {
+	case dedupv1.Reachability_REACHABILITY_REACHABLE:
+		return Reachable
+	case dedupv1.Reachability_REACHABILITY_UNREACHABLE:
+		return Unreachable
+	}
+	return ReachabilityUnknown
 }
 
 // BloomStatus reports a node's Bloom filters.
@@ -568,10 +602,15 @@ func statusOf(s *dedupv1.StatusResponse) Status {
 			ApplyPaused: d.GetApplyPaused(), UsedBytes: d.GetUsedBytes()}
 	}
 	for _, m := range s.GetMembers() {
-		out.Members = append(out.Members, Member{
+		mm := Member{
 			ID: m.GetId(), RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr(),
 			Suffrage: m.GetSuffrage(), Leader: m.GetLeader(), Region: m.GetRegion(),
-		})
+			Reachability: reachabilityOf(m.GetReachability()), LogLag: m.GetLogLag(), LastError: m.GetLastError(),
+		}
+		if ms := m.GetUnreachableSinceUnixMs(); ms != 0 && mm.Reachability == Unreachable {
+			mm.UnreachableSince = time.UnixMilli(ms).UTC()
+		}
+		out.Members = append(out.Members, mm)
 	}
 	if b := s.GetBloom(); b != nil {
 		out.Bloom = BloomStatus{

@@ -133,13 +133,20 @@ type guardedTransport struct {
 	*raft.NetworkTransport
 	stalled    func() bool
 	timeoutNow func() time.Duration
+	// observe, if set, is told the outcome of every AppendEntries
+	// (heartbeats included): the leader's per-peer liveness (peers.go).
+	observe func(raft.ServerID, *raft.AppendEntriesResponse, error)
 }
 
 func (t *guardedTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	if t.stalled() {
 		return errStalled
 	}
-	return t.NetworkTransport.AppendEntries(id, target, args, resp)
+	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+	if t.observe != nil {
+		t.observe(id, resp, err)
+	}
+	return err
 }
 
 func (t *guardedTransport) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {

@@ -46,6 +46,7 @@ func (n *Node) runLeadership() {
 			stopCurrent = nil
 		}
 		n.readyTerm.Store(0)
+		n.peers.stop()
 		n.broadcast()
 	}
 	for {
@@ -53,6 +54,7 @@ func (n *Node) runLeadership() {
 		case leader := <-n.notifyCh:
 			stopTerm()
 			if leader {
+				n.peers.lead(time.Now())
 				n.restoreTimeouts()
 				stopCurrent = n.startTerm()
 			}

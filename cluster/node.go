@@ -64,6 +64,9 @@ type Node struct {
 
 	hbMu   sync.Mutex
 	hbFail map[raft.ServerID]time.Time // last failed heartbeat per peer (leader)
+	// peers is the leader's per-peer liveness (peers.go), fed by the
+	// transport, reset at each term this node leads.
+	peers peerTracker
 
 	prop  *proposer
 	reads *readIndexer
@@ -200,6 +203,9 @@ func New(cfg Config) (_ *Node, err error) {
 		NetworkTransport: n.trans,
 		stalled:          n.withholdReplication,
 		timeoutNow:       func() time.Duration { return n.raft.ReloadableConfig().ElectionTimeout },
+		observe: func(id raft.ServerID, resp *raft.AppendEntriesResponse, err error) {
+			n.peers.record(id, resp, err, time.Now())
+		},
 	}
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, trans); err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
@@ -526,6 +532,9 @@ type Member struct {
 	Suffrage string // "voter", "nonvoter" (catching up, then promoted) or "replica" (read replica)
 	Leader   bool
 	Region   string // as the node table records it; "" if unknown
+	// PeerLiveness: as this node sees it when it leads (itself: Reachable);
+	// ReachUnknown on any other node.
+	PeerLiveness
 }
 
 // Status is this node's view of the cluster.
@@ -574,6 +583,7 @@ func (n *Node) Status() (Status, error) {
 	}
 	replicas := n.fsm.Replicas()
 	regions := n.fsm.NodeRegions()
+	now, threshold := time.Now(), n.raft.ReloadableConfig().HeartbeatTimeout
 	for _, srv := range cf.Configuration().Servers {
 		suffrage := "voter"
 		switch srv.Suffrage {
@@ -593,6 +603,13 @@ func (n *Node) Status() (Status, error) {
 			Leader:   string(srv.ID) == lid,
 			Region:   regions[string(srv.ID)],
 		})
+		m := &s.Members[len(s.Members)-1]
+		if lv, ok := n.peers.liveness(srv.ID, now, threshold, s.LastLogIndex); ok {
+			m.PeerLiveness = lv
+			if m.ID == n.cfg.NodeID {
+				m.PeerLiveness = PeerLiveness{Reachability: Reachable}
+			}
+		}
 	}
 	return s, nil
 }

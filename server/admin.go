@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/cluster"
@@ -225,7 +227,47 @@ func (s *Server) Status(ctx context.Context, _ *dedupv1.StatusRequest) (*dedupv1
 	out.LogStoreStalled, out.LogStoreMaxWriteMs = ls.Stalled, ls.MaxWrite.Milliseconds()
 	out.ReadReplica = s.node.FSM().NodeRole(s.node.ID()) == fsm.RoleReplica
 	out.Region, out.PreferredLeaderRegions = s.node.Region(), s.node.PreferredLeaderRegions()
+	if st.State != "leader" && st.LeaderGRPCAddr != "" && !isForwarded(ctx) {
+		s.leaderLiveness(ctx, st.LeaderID, st.LeaderGRPCAddr, out.Members)
+	}
 	return out, nil
+}
+
+// leaderLivenessWait bounds a follower's question to the leader in Status:
+// a leader that does not answer within it leaves the members UNKNOWN
+// rather than making status slow.
+const leaderLivenessWait = time.Second
+
+// leaderLiveness fills the members' liveness from the leader's Status: only
+// the leader heartbeats the others, and users of etcd's member list or
+// CockroachDB's node status expect the cluster's view from whichever node
+// they ask. The call is marked forwarded so the leader (or a node that has
+// just lost leadership) answers from itself and asks no one. Any failure
+// leaves the members REACHABILITY_UNKNOWN.
+func (s *Server) leaderLiveness(ctx context.Context, leaderID, addr string, members []*dedupv1.Member) {
+	cc, err := s.conn(addr)
+	if err != nil {
+		return
+	}
+	wait := leaderLivenessWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)/2)
+	}
+	lctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, mdForwarded, s.node.ID()), wait)
+	defer cancel()
+	ls, err := dedupv1.NewAdminClient(cc).Status(lctx, &dedupv1.StatusRequest{})
+	if err != nil || ls.GetState() != "leader" || ls.GetNodeId() != leaderID {
+		return
+	}
+	byID := make(map[string]*dedupv1.Member, len(ls.GetMembers()))
+	for _, m := range ls.GetMembers() {
+		byID[m.GetId()] = m
+	}
+	for _, m := range members {
+		if lm := byID[m.Id]; lm != nil {
+			m.Reachability, m.UnreachableSinceUnixMs, m.LogLag, m.LastError = lm.Reachability, lm.UnreachableSinceUnixMs, lm.LogLag, lm.LastError
+		}
+	}
 }
 
 func statusPB(st cluster.Status) *dedupv1.StatusResponse {
@@ -255,11 +297,26 @@ func statusPB(st cluster.Status) *dedupv1.StatusResponse {
 		},
 	}
 	for _, m := range st.Members {
-		out.Members = append(out.Members, &dedupv1.Member{
+		pm := &dedupv1.Member{
 			Id: m.ID, RaftAddr: m.RaftAddr, GrpcAddr: m.GRPCAddr, Suffrage: m.Suffrage, Leader: m.Leader, Region: m.Region,
-		})
+			Reachability: reachabilityPB(m.Reachability), LogLag: m.LogLag, LastError: m.LastError,
+		}
+		if !m.UnreachableSince.IsZero() {
+			pm.UnreachableSinceUnixMs = m.UnreachableSince.UnixMilli()
+		}
+		out.Members = append(out.Members, pm)
 	}
 	return out
+}
+
+func reachabilityPB(r cluster.Reachability) dedupv1.Reachability {
+	switch r {
+	case cluster.Reachable:
+		return dedupv1.Reachability_REACHABILITY_REACHABLE
+	case cluster.Unreachable:
+		return dedupv1.Reachability_REACHABILITY_UNREACHABLE
+	}
+	return dedupv1.Reachability_REACHABILITY_UNKNOWN
 }
 
 // Join implements dedupv1.AdminServer: adds a node as a non-voter

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -342,6 +343,13 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
+// probeCtx marks a node's own Admin.Status probe of another node as
+// forwarded, so a follower answers from itself instead of asking the leader
+// for the members' liveness (which a probe does not read).
+func probeCtx(ctx context.Context, self string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, mdForwarded, self)
+}
+
 // probeProgress is the cluster's promotion probe: a node's applied index
 // from its Admin.Status.
 func (s *Server) probeProgress(ctx context.Context, id, grpcAddr string) (uint64, error) {
@@ -349,7 +357,7 @@ func (s *Server) probeProgress(ctx context.Context, id, grpcAddr string) (uint64
 	if err != nil {
 		return 0, err
 	}
-	st, err := dedupv1.NewAdminClient(c).Status(ctx, &dedupv1.StatusRequest{})
+	st, err := dedupv1.NewAdminClient(c).Status(probeCtx(ctx, s.node.ID()), &dedupv1.StatusRequest{})
 	if err != nil {
 		return 0, err
 	}
@@ -366,7 +374,7 @@ func (s *Server) probeRegion(ctx context.Context, id, grpcAddr string) (string, 
 	if err != nil {
 		return "", err
 	}
-	st, err := dedupv1.NewAdminClient(c).Status(ctx, &dedupv1.StatusRequest{})
+	st, err := dedupv1.NewAdminClient(c).Status(probeCtx(ctx, s.node.ID()), &dedupv1.StatusRequest{})
 	if err != nil {
 		return "", err
 	}

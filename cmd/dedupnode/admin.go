@@ -52,8 +52,18 @@ with their suffrage (voter, nonvoter or replica), the number of IDs stored and t
 Bloom filter figures (memory, bits per ID, configured and observed
 false-positive rate). --output json prints one JSON object with node_id,
 state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
-members (id, raft_addr, grpc_addr, suffrage, leader, region), ids_stored,
-bloom, and region and preferred_leader_regions when set.
+members (id, raft_addr, grpc_addr, suffrage, leader, region, reachability,
+and unreachable_since, log_lag, last_error when set), ids_stored, bloom, and
+region and preferred_leader_regions when set.
+
+Each member's liveness (LIVENESS; reachability in JSON) is the leader's view,
+from its Raft heartbeats, whichever node answers: a follower asks the leader.
+reachable: it answered within the last heartbeat timeout (with how many log
+entries it was behind, if any); UNREACHABLE: a call to it failed since it
+last answered, or it answered none for a heartbeat timeout (a killed, frozen
+or cut-off node), with when the leader last heard from it and the last
+error; unknown: no leader answered (election, no quorum, or the leader did
+not answer within 1 s). The answering node's own health is the health line.
 
 --wait asks the first node of --addr only, and returns once that node knows
 a leader, its applied index has reached the leader's commit index as read
@@ -276,9 +286,11 @@ func printStatus(w io.Writer, st client.Status) {
 	printMembers(w, st.Members)
 }
 
+// printMembers prints the members' table. LIVENESS is last so that the
+// columns scripts read by position keep their place.
 func printMembers(w io.Writer, ms []client.Member) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tREGION\tSUFFRAGE\tRAFT ADDR\tGRPC ADDR\tLEADER")
+	fmt.Fprintln(tw, "ID\tREGION\tSUFFRAGE\tRAFT ADDR\tGRPC ADDR\tLEADER\tLIVENESS")
 	for _, m := range ms {
 		l := ""
 		if m.Leader {
@@ -288,9 +300,32 @@ func printMembers(w io.Writer, ms []client.Member) {
 		if region == "" {
 			region = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, region, m.Suffrage, m.RaftAddr, m.GRPCAddr, l)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, region, m.Suffrage, m.RaftAddr, m.GRPCAddr, l, liveness(m, time.Now()))
 	}
 	tw.Flush()
+}
+
+// liveness is a member's LIVENESS cell: reachable (with its log lag when
+// behind), UNREACHABLE with since when and the leader's last error, or
+// unknown (no leader answered).
+func liveness(m client.Member, now time.Time) string {
+	switch m.Reachability {
+	case client.Reachable:
+		if m.LogLag > 0 {
+			return fmt.Sprintf("reachable (%d entries behind)", m.LogLag)
+		}
+		return "reachable"
+	case client.Unreachable:
+		out := "UNREACHABLE"
+		if !m.UnreachableSince.IsZero() {
+			out += fmt.Sprintf(" since %s (%s)", m.UnreachableSince.UTC().Format(timeLayout), now.Sub(m.UnreachableSince).Round(time.Second))
+		}
+		if m.LastError != "" {
+			out += ": " + m.LastError
+		}
+		return out
+	}
+	return "unknown (no leader answered)"
 }
 
 func humanBytes(n uint64) string {
@@ -314,7 +349,9 @@ func newMembersCmd(e *env) *cobra.Command {
 --region, "-" when none), suffrage (voter, nonvoter: a joined node votes
 once it has caught up, or replica: a read replica, which never votes unless
 promoted with 'promote'), Raft and gRPC
-addresses, and which one leads. --output json prints one object per member.`,
+addresses, which one leads, and its liveness as the leader sees it
+(reachable, UNREACHABLE since when, or unknown; see status --help).
+--output json prints one object per member.`,
 		Example: strings.ReplaceAll(`  dedupnode members --addr 127.0.0.1:7070`, "dedupnode ", e.progName+" "),
 		Args:    cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {

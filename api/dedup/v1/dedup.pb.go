@@ -253,6 +253,55 @@ func (ExpiryMode) EnumDescriptor() ([]byte, []int) {
 	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{3}
 }
 
+type Reachability int32
+
+const (
+	Reachability_REACHABILITY_UNKNOWN     Reachability = 0
+	Reachability_REACHABILITY_REACHABLE   Reachability = 1
+	Reachability_REACHABILITY_UNREACHABLE Reachability = 2
+)
+
+// Enum value maps for Reachability.
+var (
+	Reachability_name = map[int32]string{
+		0: "REACHABILITY_UNKNOWN",
+		1: "REACHABILITY_REACHABLE",
+		2: "REACHABILITY_UNREACHABLE",
+	}
+	Reachability_value = map[string]int32{
+		"REACHABILITY_UNKNOWN":     0,
+		"REACHABILITY_REACHABLE":   1,
+		"REACHABILITY_UNREACHABLE": 2,
+	}
+)
+
+func (x Reachability) Enum() *Reachability {
+	p := new(Reachability)
+	*p = x
+	return p
+}
+
+func (x Reachability) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Reachability) Descriptor() protoreflect.EnumDescriptor {
+	return file_dedup_v1_dedup_proto_enumTypes[4].Descriptor()
+}
+
+func (Reachability) Type() protoreflect.EnumType {
+	return &file_dedup_v1_dedup_proto_enumTypes[4]
+}
+
+func (x Reachability) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Reachability.Descriptor instead.
+func (Reachability) EnumDescriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{4}
+}
+
 type CheckResult_Code int32
 
 const (
@@ -286,11 +335,11 @@ func (x CheckResult_Code) String() string {
 }
 
 func (CheckResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[4].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[5].Descriptor()
 }
 
 func (CheckResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[4]
+	return &file_dedup_v1_dedup_proto_enumTypes[5]
 }
 
 func (x CheckResult_Code) Number() protoreflect.EnumNumber {
@@ -338,11 +387,11 @@ func (x MarkResult_Code) String() string {
 }
 
 func (MarkResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[5].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[6].Descriptor()
 }
 
 func (MarkResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[5]
+	return &file_dedup_v1_dedup_proto_enumTypes[6]
 }
 
 func (x MarkResult_Code) Number() protoreflect.EnumNumber {
@@ -393,11 +442,11 @@ func (x ClaimResult_Code) String() string {
 }
 
 func (ClaimResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[6].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[7].Descriptor()
 }
 
 func (ClaimResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[6]
+	return &file_dedup_v1_dedup_proto_enumTypes[7]
 }
 
 func (x ClaimResult_Code) Number() protoreflect.EnumNumber {
@@ -442,11 +491,11 @@ func (x LeaseResult_Code) String() string {
 }
 
 func (LeaseResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[7].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[8].Descriptor()
 }
 
 func (LeaseResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[7]
+	return &file_dedup_v1_dedup_proto_enumTypes[8]
 }
 
 func (x LeaseResult_Code) Number() protoreflect.EnumNumber {
@@ -488,11 +537,11 @@ func (x ForgetResult_Code) String() string {
 }
 
 func (ForgetResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[8].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[9].Descriptor()
 }
 
 func (ForgetResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[8]
+	return &file_dedup_v1_dedup_proto_enumTypes[9]
 }
 
 func (x ForgetResult_Code) Number() protoreflect.EnumNumber {
@@ -2650,7 +2699,20 @@ type Member struct {
 	Leader   bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
 	// The member's region as the replicated node table records it ("" if
 	// none is known).
-	Region        string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	// Liveness as the leader sees it from its heartbeats and appends. A
+	// follower asked for Status asks the leader for it; UNKNOWN when no
+	// leader answered (or the server predates the field).
+	Reachability Reachability `protobuf:"varint,7,opt,name=reachability,proto3,enum=dedup.v1.Reachability" json:"reachability,omitempty"`
+	// UNREACHABLE only: when the leader last heard from the member (or
+	// began leading, if it never did since), Unix milliseconds.
+	UnreachableSinceUnixMs int64 `protobuf:"varint,8,opt,name=unreachable_since_unix_ms,json=unreachableSinceUnixMs,proto3" json:"unreachable_since_unix_ms,omitempty"`
+	// Entries the member's Raft log was behind the leader's, as of its last
+	// answer to the leader (0: caught up, the leader itself, or unknown).
+	LogLag uint64 `protobuf:"varint,9,opt,name=log_lag,json=logLag,proto3" json:"log_lag,omitempty"`
+	// UNREACHABLE only: the leader's latest failed call to it ("" when the
+	// calls hang instead: a frozen process or a black-holed link).
+	LastError     string `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2723,6 +2785,34 @@ func (x *Member) GetLeader() bool {
 func (x *Member) GetRegion() string {
 	if x != nil {
 		return x.Region
+	}
+	return ""
+}
+
+func (x *Member) GetReachability() Reachability {
+	if x != nil {
+		return x.Reachability
+	}
+	return Reachability_REACHABILITY_UNKNOWN
+}
+
+func (x *Member) GetUnreachableSinceUnixMs() int64 {
+	if x != nil {
+		return x.UnreachableSinceUnixMs
+	}
+	return 0
+}
+
+func (x *Member) GetLogLag() uint64 {
+	if x != nil {
+		return x.LogLag
+	}
+	return 0
+}
+
+func (x *Member) GetLastError() string {
+	if x != nil {
+		return x.LastError
 	}
 	return ""
 }
@@ -3673,14 +3763,20 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"namespaces\x18\x01 \x03(\v2\x13.dedup.v1.NamespaceR\n" +
 	"namespaces\"\x19\n" +
 	"\x17DeleteNamespaceResponse\"\x0f\n" +
-	"\rStatusRequest\"\x9e\x01\n" +
+	"\rStatusRequest\"\xcd\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1a\n" +
 	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
 	"\x06leader\x18\x05 \x01(\bR\x06leader\x12\x16\n" +
-	"\x06region\x18\x06 \x01(\tR\x06region\"\xb8\x02\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\x12:\n" +
+	"\freachability\x18\a \x01(\x0e2\x16.dedup.v1.ReachabilityR\freachability\x129\n" +
+	"\x19unreachable_since_unix_ms\x18\b \x01(\x03R\x16unreachableSinceUnixMs\x12\x17\n" +
+	"\alog_lag\x18\t \x01(\x04R\x06logLag\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\n" +
+	" \x01(\tR\tlastError\"\xb8\x02\n" +
 	"\vBloomStatus\x12\x18\n" +
 	"\afilters\x18\x01 \x01(\x04R\afilters\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12\x10\n" +
@@ -3763,7 +3859,11 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"ExpiryMode\x12\x1b\n" +
 	"\x17EXPIRY_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EXPIRY_MODE_FIXED\x10\x01\x12\x17\n" +
-	"\x13EXPIRY_MODE_SLIDING\x10\x022\xe4\x03\n" +
+	"\x13EXPIRY_MODE_SLIDING\x10\x02*b\n" +
+	"\fReachability\x12\x18\n" +
+	"\x14REACHABILITY_UNKNOWN\x10\x00\x12\x1a\n" +
+	"\x16REACHABILITY_REACHABLE\x10\x01\x12\x1c\n" +
+	"\x18REACHABILITY_UNREACHABLE\x10\x022\xe4\x03\n" +
 	"\x05Dedup\x128\n" +
 	"\x05Check\x12\x16.dedup.v1.CheckRequest\x1a\x17.dedup.v1.CheckResponse\x125\n" +
 	"\x04Mark\x12\x15.dedup.v1.MarkRequest\x1a\x16.dedup.v1.MarkResponse\x128\n" +
@@ -3798,155 +3898,157 @@ func file_dedup_v1_dedup_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_dedup_proto_rawDescData
 }
 
-var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
 var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_dedup_v1_dedup_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: dedup.v1.Consistency
 	(ReadPath)(0),                      // 1: dedup.v1.ReadPath
 	(RecordState)(0),                   // 2: dedup.v1.RecordState
 	(ExpiryMode)(0),                    // 3: dedup.v1.ExpiryMode
-	(CheckResult_Code)(0),              // 4: dedup.v1.CheckResult.Code
-	(MarkResult_Code)(0),               // 5: dedup.v1.MarkResult.Code
-	(ClaimResult_Code)(0),              // 6: dedup.v1.ClaimResult.Code
-	(LeaseResult_Code)(0),              // 7: dedup.v1.LeaseResult.Code
-	(ForgetResult_Code)(0),             // 8: dedup.v1.ForgetResult.Code
-	(*Record)(nil),                     // 9: dedup.v1.Record
-	(*CheckRequest)(nil),               // 10: dedup.v1.CheckRequest
-	(*CheckResult)(nil),                // 11: dedup.v1.CheckResult
-	(*CheckResponse)(nil),              // 12: dedup.v1.CheckResponse
-	(*MarkItem)(nil),                   // 13: dedup.v1.MarkItem
-	(*MarkRequest)(nil),                // 14: dedup.v1.MarkRequest
-	(*MarkResult)(nil),                 // 15: dedup.v1.MarkResult
-	(*MarkResponse)(nil),               // 16: dedup.v1.MarkResponse
-	(*ClaimItem)(nil),                  // 17: dedup.v1.ClaimItem
-	(*ClaimRequest)(nil),               // 18: dedup.v1.ClaimRequest
-	(*ClaimResult)(nil),                // 19: dedup.v1.ClaimResult
-	(*ClaimResponse)(nil),              // 20: dedup.v1.ClaimResponse
-	(*LeaseItem)(nil),                  // 21: dedup.v1.LeaseItem
-	(*CommitRequest)(nil),              // 22: dedup.v1.CommitRequest
-	(*RenewRequest)(nil),               // 23: dedup.v1.RenewRequest
-	(*ReleaseRequest)(nil),             // 24: dedup.v1.ReleaseRequest
-	(*LeaseResult)(nil),                // 25: dedup.v1.LeaseResult
-	(*LeaseResponse)(nil),              // 26: dedup.v1.LeaseResponse
-	(*ForgetRequest)(nil),              // 27: dedup.v1.ForgetRequest
-	(*ForgetResult)(nil),               // 28: dedup.v1.ForgetResult
-	(*ForgetResponse)(nil),             // 29: dedup.v1.ForgetResponse
-	(*StreamRequest)(nil),              // 30: dedup.v1.StreamRequest
-	(*StreamError)(nil),                // 31: dedup.v1.StreamError
-	(*StreamResponse)(nil),             // 32: dedup.v1.StreamResponse
-	(*Namespace)(nil),                  // 33: dedup.v1.Namespace
-	(*CreateNamespaceRequest)(nil),     // 34: dedup.v1.CreateNamespaceRequest
-	(*UpdateNamespaceRequest)(nil),     // 35: dedup.v1.UpdateNamespaceRequest
-	(*DescribeNamespaceRequest)(nil),   // 36: dedup.v1.DescribeNamespaceRequest
-	(*ListNamespacesRequest)(nil),      // 37: dedup.v1.ListNamespacesRequest
-	(*DeleteNamespaceRequest)(nil),     // 38: dedup.v1.DeleteNamespaceRequest
-	(*NamespaceResponse)(nil),          // 39: dedup.v1.NamespaceResponse
-	(*ListNamespacesResponse)(nil),     // 40: dedup.v1.ListNamespacesResponse
-	(*DeleteNamespaceResponse)(nil),    // 41: dedup.v1.DeleteNamespaceResponse
-	(*StatusRequest)(nil),              // 42: dedup.v1.StatusRequest
-	(*Member)(nil),                     // 43: dedup.v1.Member
-	(*BloomStatus)(nil),                // 44: dedup.v1.BloomStatus
-	(*StatusResponse)(nil),             // 45: dedup.v1.StatusResponse
-	(*DiskStatus)(nil),                 // 46: dedup.v1.DiskStatus
-	(*JoinRequest)(nil),                // 47: dedup.v1.JoinRequest
-	(*JoinResponse)(nil),               // 48: dedup.v1.JoinResponse
-	(*RemoveRequest)(nil),              // 49: dedup.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 50: dedup.v1.RemoveResponse
-	(*TransferLeadershipRequest)(nil),  // 51: dedup.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 52: dedup.v1.TransferLeadershipResponse
-	(*ReadIndexRequest)(nil),           // 53: dedup.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),          // 54: dedup.v1.ReadIndexResponse
-	(*anypb.Any)(nil),                  // 55: google.protobuf.Any
+	(Reachability)(0),                  // 4: dedup.v1.Reachability
+	(CheckResult_Code)(0),              // 5: dedup.v1.CheckResult.Code
+	(MarkResult_Code)(0),               // 6: dedup.v1.MarkResult.Code
+	(ClaimResult_Code)(0),              // 7: dedup.v1.ClaimResult.Code
+	(LeaseResult_Code)(0),              // 8: dedup.v1.LeaseResult.Code
+	(ForgetResult_Code)(0),             // 9: dedup.v1.ForgetResult.Code
+	(*Record)(nil),                     // 10: dedup.v1.Record
+	(*CheckRequest)(nil),               // 11: dedup.v1.CheckRequest
+	(*CheckResult)(nil),                // 12: dedup.v1.CheckResult
+	(*CheckResponse)(nil),              // 13: dedup.v1.CheckResponse
+	(*MarkItem)(nil),                   // 14: dedup.v1.MarkItem
+	(*MarkRequest)(nil),                // 15: dedup.v1.MarkRequest
+	(*MarkResult)(nil),                 // 16: dedup.v1.MarkResult
+	(*MarkResponse)(nil),               // 17: dedup.v1.MarkResponse
+	(*ClaimItem)(nil),                  // 18: dedup.v1.ClaimItem
+	(*ClaimRequest)(nil),               // 19: dedup.v1.ClaimRequest
+	(*ClaimResult)(nil),                // 20: dedup.v1.ClaimResult
+	(*ClaimResponse)(nil),              // 21: dedup.v1.ClaimResponse
+	(*LeaseItem)(nil),                  // 22: dedup.v1.LeaseItem
+	(*CommitRequest)(nil),              // 23: dedup.v1.CommitRequest
+	(*RenewRequest)(nil),               // 24: dedup.v1.RenewRequest
+	(*ReleaseRequest)(nil),             // 25: dedup.v1.ReleaseRequest
+	(*LeaseResult)(nil),                // 26: dedup.v1.LeaseResult
+	(*LeaseResponse)(nil),              // 27: dedup.v1.LeaseResponse
+	(*ForgetRequest)(nil),              // 28: dedup.v1.ForgetRequest
+	(*ForgetResult)(nil),               // 29: dedup.v1.ForgetResult
+	(*ForgetResponse)(nil),             // 30: dedup.v1.ForgetResponse
+	(*StreamRequest)(nil),              // 31: dedup.v1.StreamRequest
+	(*StreamError)(nil),                // 32: dedup.v1.StreamError
+	(*StreamResponse)(nil),             // 33: dedup.v1.StreamResponse
+	(*Namespace)(nil),                  // 34: dedup.v1.Namespace
+	(*CreateNamespaceRequest)(nil),     // 35: dedup.v1.CreateNamespaceRequest
+	(*UpdateNamespaceRequest)(nil),     // 36: dedup.v1.UpdateNamespaceRequest
+	(*DescribeNamespaceRequest)(nil),   // 37: dedup.v1.DescribeNamespaceRequest
+	(*ListNamespacesRequest)(nil),      // 38: dedup.v1.ListNamespacesRequest
+	(*DeleteNamespaceRequest)(nil),     // 39: dedup.v1.DeleteNamespaceRequest
+	(*NamespaceResponse)(nil),          // 40: dedup.v1.NamespaceResponse
+	(*ListNamespacesResponse)(nil),     // 41: dedup.v1.ListNamespacesResponse
+	(*DeleteNamespaceResponse)(nil),    // 42: dedup.v1.DeleteNamespaceResponse
+	(*StatusRequest)(nil),              // 43: dedup.v1.StatusRequest
+	(*Member)(nil),                     // 44: dedup.v1.Member
+	(*BloomStatus)(nil),                // 45: dedup.v1.BloomStatus
+	(*StatusResponse)(nil),             // 46: dedup.v1.StatusResponse
+	(*DiskStatus)(nil),                 // 47: dedup.v1.DiskStatus
+	(*JoinRequest)(nil),                // 48: dedup.v1.JoinRequest
+	(*JoinResponse)(nil),               // 49: dedup.v1.JoinResponse
+	(*RemoveRequest)(nil),              // 50: dedup.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 51: dedup.v1.RemoveResponse
+	(*TransferLeadershipRequest)(nil),  // 52: dedup.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 53: dedup.v1.TransferLeadershipResponse
+	(*ReadIndexRequest)(nil),           // 54: dedup.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),          // 55: dedup.v1.ReadIndexResponse
+	(*anypb.Any)(nil),                  // 56: google.protobuf.Any
 }
 var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	2,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
 	0,  // 1: dedup.v1.CheckRequest.consistency:type_name -> dedup.v1.Consistency
-	4,  // 2: dedup.v1.CheckResult.code:type_name -> dedup.v1.CheckResult.Code
-	9,  // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
-	11, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
+	5,  // 2: dedup.v1.CheckResult.code:type_name -> dedup.v1.CheckResult.Code
+	10, // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
+	12, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
 	1,  // 5: dedup.v1.CheckResponse.read_path:type_name -> dedup.v1.ReadPath
-	13, // 6: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
-	5,  // 7: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
-	9,  // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
-	15, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
-	9,  // 10: dedup.v1.MarkResponse.new_record:type_name -> dedup.v1.Record
-	17, // 11: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
-	6,  // 12: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
-	9,  // 13: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
-	19, // 14: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
-	21, // 15: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
-	21, // 16: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
-	21, // 17: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
-	7,  // 18: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
-	9,  // 19: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
-	25, // 20: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
-	8,  // 21: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
-	28, // 22: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
-	10, // 23: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
-	14, // 24: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
-	18, // 25: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
-	22, // 26: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
-	23, // 27: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
-	24, // 28: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
-	27, // 29: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
-	55, // 30: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
-	31, // 31: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
-	12, // 32: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
-	16, // 33: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
-	20, // 34: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
-	26, // 35: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
-	26, // 36: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
-	26, // 37: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
-	29, // 38: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
+	14, // 6: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
+	6,  // 7: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
+	10, // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
+	16, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
+	10, // 10: dedup.v1.MarkResponse.new_record:type_name -> dedup.v1.Record
+	18, // 11: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
+	7,  // 12: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
+	10, // 13: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
+	20, // 14: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
+	22, // 15: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
+	22, // 16: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
+	22, // 17: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
+	8,  // 18: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
+	10, // 19: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
+	26, // 20: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
+	9,  // 21: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
+	29, // 22: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
+	11, // 23: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
+	15, // 24: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
+	19, // 25: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
+	23, // 26: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
+	24, // 27: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
+	25, // 28: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
+	28, // 29: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
+	56, // 30: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	32, // 31: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
+	13, // 32: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
+	17, // 33: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
+	21, // 34: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
+	27, // 35: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
+	27, // 36: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
+	27, // 37: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
+	30, // 38: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
 	3,  // 39: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
-	33, // 40: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	33, // 41: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	33, // 42: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
-	33, // 43: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
-	43, // 44: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
-	44, // 45: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	46, // 46: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
-	10, // 47: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	14, // 48: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	18, // 49: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	22, // 50: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	23, // 51: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	24, // 52: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	27, // 53: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	30, // 54: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
-	34, // 55: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	35, // 56: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	36, // 57: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	37, // 58: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	38, // 59: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	42, // 60: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	47, // 61: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	49, // 62: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	51, // 63: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	53, // 64: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	12, // 65: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	16, // 66: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	20, // 67: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	26, // 68: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	26, // 69: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	26, // 70: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	29, // 71: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	32, // 72: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
-	39, // 73: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 74: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	39, // 75: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	40, // 76: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	41, // 77: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	45, // 78: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	48, // 79: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	50, // 80: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	52, // 81: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	54, // 82: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	65, // [65:83] is the sub-list for method output_type
-	47, // [47:65] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	34, // 40: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	34, // 41: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	34, // 42: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
+	34, // 43: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
+	4,  // 44: dedup.v1.Member.reachability:type_name -> dedup.v1.Reachability
+	44, // 45: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
+	45, // 46: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
+	47, // 47: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
+	11, // 48: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	15, // 49: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	19, // 50: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	23, // 51: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	24, // 52: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	25, // 53: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	28, // 54: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	31, // 55: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	35, // 56: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	36, // 57: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	37, // 58: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	38, // 59: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	39, // 60: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	43, // 61: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	48, // 62: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	50, // 63: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	52, // 64: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	54, // 65: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	13, // 66: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	17, // 67: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	21, // 68: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	27, // 69: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	27, // 70: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	27, // 71: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	30, // 72: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	33, // 73: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	40, // 74: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	40, // 75: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	40, // 76: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	41, // 77: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	42, // 78: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	46, // 79: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	49, // 80: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	51, // 81: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	53, // 82: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	55, // 83: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	66, // [66:84] is the sub-list for method output_type
+	48, // [48:66] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }
@@ -3977,7 +4079,7 @@ func file_dedup_v1_dedup_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_dedup_proto_rawDesc), len(file_dedup_v1_dedup_proto_rawDesc)),
-			NumEnums:      9,
+			NumEnums:      10,
 			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,

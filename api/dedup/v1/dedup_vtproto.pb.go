@@ -2094,6 +2094,28 @@ func (m *Member) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.LastError) > 0 {
+		i -= len(m.LastError)
+		copy(dAtA[i:], m.LastError)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.LastError)))
+		i--
+		dAtA[i] = 0x52
+	}
+	if m.LogLag != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.LogLag))
+		i--
+		dAtA[i] = 0x48
+	}
+	if m.UnreachableSinceUnixMs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.UnreachableSinceUnixMs))
+		i--
+		dAtA[i] = 0x40
+	}
+	if m.Reachability != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Reachability))
+		i--
+		dAtA[i] = 0x38
+	}
 	if len(m.Region) > 0 {
 		i -= len(m.Region)
 		copy(dAtA[i:], m.Region)
@@ -3706,6 +3728,19 @@ func (m *Member) SizeVT() (n int) {
 		n += 2
 	}
 	l = len(m.Region)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	if m.Reachability != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.Reachability))
+	}
+	if m.UnreachableSinceUnixMs != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.UnreachableSinceUnixMs))
+	}
+	if m.LogLag != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.LogLag))
+	}
+	l = len(m.LastError)
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
@@ -8660,6 +8695,95 @@ func (m *Member) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			m.Region = string(dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
+		case 7:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Reachability", wireType)
+			}
+			m.Reachability = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Reachability |= Reachability(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 8:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field UnreachableSinceUnixMs", wireType)
+			}
+			m.UnreachableSinceUnixMs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.UnreachableSinceUnixMs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field LogLag", wireType)
+			}
+			m.LogLag = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.LogLag |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 10:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field LastError", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.LastError = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
