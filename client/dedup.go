@@ -285,8 +285,17 @@ func (c *Client) leaseCall(ctx context.Context, op, addr string, leases []Lease,
 	if err != nil {
 		return nil, err
 	}
-	return results(op, resp.GetResults(), func(i int) []byte { return leases[i].ID }, len(leases),
+	out, err := results(op, resp.GetResults(), func(i int) []byte { return leases[i].ID }, len(leases),
 		func(r *dedupv1.LeaseResult) Code { return leaseCode(r.GetCode()) })
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range resp.GetResults() {
+		if out[i].Code == CodeLeaseLost {
+			out[i].LostReason = lostReasonOf(r.GetReason())
+		}
+	}
+	return out, nil
 }
 
 func leaseItems(leases []Lease) []*dedupv1.LeaseItem {

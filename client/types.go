@@ -134,6 +134,46 @@ type Result struct {
 	// Record is the state after the operation; nil when the ID is absent
 	// (NOT_SEEN, Forget) or the server sent none.
 	Record *Record
+	// LostReason says why, with CodeLeaseLost ("" otherwise, and
+	// LostUnknown from a server that predates it).
+	LostReason LostReason
+}
+
+// LostReason says why Commit, Renew or Release answered CodeLeaseLost. The
+// cluster decides it when the request applies, from the ID's record.
+type LostReason string
+
+const (
+	// LostNotClaimed: no record of the ID (never claimed, forgotten, or
+	// expired long enough ago that it was dropped), or the lease was
+	// released.
+	LostNotClaimed LostReason = "not_claimed"
+	// LostExpired: the lease (or the record its commit made) expired and
+	// nothing replaced it: claim again.
+	LostExpired LostReason = "expired"
+	// LostTokenMismatch: the ID's record carries another fencing token: a
+	// newer claim took it (after yours expired), or the token is not one
+	// granted for this ID.
+	LostTokenMismatch LostReason = "token_mismatch"
+	// LostAlreadyCommitted: the ID is committed — by this lease's own
+	// commit (a Renew or Release after it), another holder's, or a Mark.
+	LostAlreadyCommitted LostReason = "already_committed"
+	// LostUnknown: the server did not say (it predates reasons).
+	LostUnknown LostReason = "unknown"
+)
+
+func lostReasonOf(r dedupv1.LeaseResult_Reason) LostReason {
+	switch r {
+	case dedupv1.LeaseResult_NOT_CLAIMED:
+		return LostNotClaimed
+	case dedupv1.LeaseResult_EXPIRED:
+		return LostExpired
+	case dedupv1.LeaseResult_TOKEN_MISMATCH:
+		return LostTokenMismatch
+	case dedupv1.LeaseResult_ALREADY_COMMITTED:
+		return LostAlreadyCommitted
+	}
+	return LostUnknown
 }
 
 // Item is one ID for Mark or Claim.

@@ -552,7 +552,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 		return ItemResult{Code: CodeDuplicate, Record: rec}
 	case OpCommit:
 		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
-			return lost(rec, live)
+			return lost(rec, found, it.Fence, now)
 		}
 		switch rec.State {
 		case StateLeased:
@@ -566,10 +566,10 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 		case StateCommitted:
 			return ItemResult{Code: CodeOK, Record: rec} // a retried commit
 		}
-		return lost(rec, live)
+		return lost(rec, found, it.Fence, now)
 	case OpRenew:
 		if !live || rec.State != StateLeased || rec.Fence != it.Fence {
-			return lost(rec, live)
+			return lost(rec, found, it.Fence, now)
 		}
 		lease := op.DurationMs
 		if lease == 0 {
@@ -580,7 +580,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 		return ItemResult{Code: CodeOK, Record: rec}
 	case OpRelease:
 		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
-			return lost(rec, live)
+			return lost(rec, found, it.Fence, now)
 		}
 		switch rec.State {
 		case StateLeased:
@@ -590,7 +590,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 		case StateReleased:
 			return ItemResult{Code: CodeOK} // a retried release
 		}
-		return lost(rec, live)
+		return lost(rec, found, it.Fence, now)
 	case OpForget:
 		if found {
 			a.remove(ns, it.ID, bucket)
@@ -600,11 +600,31 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 	panic("unreachable: op kind checked by Validate")
 }
 
-func lost(rec Record, live bool) ItemResult {
-	if !live {
-		return ItemResult{Code: CodeLeaseLost}
+// lost is the CodeLeaseLost answer for a lease with fencing token fence on
+// the record rec (found: it exists) at now: the live record as details,
+// and why, checked in this order (the first that holds is the most useful
+// to the holder): no record; a live committed one (the work is done:
+// do not redo it); another token; released (by this token's holder);
+// expired.
+func lost(rec Record, found bool, fence uint64, now int64) ItemResult {
+	live := found && rec.live(now)
+	res := ItemResult{Code: CodeLeaseLost}
+	if live {
+		res.Record = rec
 	}
-	return ItemResult{Code: CodeLeaseLost, Record: rec}
+	switch {
+	case !found:
+		res.Reason = LostNotClaimed
+	case rec.State == StateCommitted && rec.ExpiresMs > now:
+		res.Reason = LostAlreadyCommitted
+	case rec.Fence != fence:
+		res.Reason = LostTokenMismatch
+	case rec.State == StateReleased:
+		res.Reason = LostNotClaimed
+	default: // the holder's own lease or committed record, expired
+		res.Reason = LostExpired
+	}
+	return res
 }
 
 // lookup finds the stored record of id in ns, if any (live or not); see

@@ -122,6 +122,47 @@ func (c Code) String() string {
 	return fmt.Sprintf("code(%d)", uint8(c))
 }
 
+// LostReason says why a Commit, Renew or Release answered CodeLeaseLost.
+// Apply derives it from the stored record, the command's fencing token and
+// the command's time alone, so every replica gives the same reason. Results
+// are not stored: a retry is answered from the record as it is then (the
+// same reason while nothing else changed the ID).
+type LostReason uint8
+
+const (
+	LostNone LostReason = 0
+	// LostNotClaimed: no record of the ID (never claimed, forgotten, or
+	// expired long enough ago that its expiry bucket was dropped), or the
+	// lease named was released.
+	LostNotClaimed LostReason = 1
+	// LostExpired: the lease named (or the record its commit made) has
+	// expired and nothing replaced it.
+	LostExpired LostReason = 2
+	// LostTokenMismatch: the ID's record carries another fencing token: a
+	// newer claim took it, or the token was never granted for this ID.
+	LostTokenMismatch LostReason = 3
+	// LostAlreadyCommitted: the ID holds a live committed record (this
+	// lease's own commit for Renew and Release, another holder's commit, or
+	// a mark), which a lease can no longer change.
+	LostAlreadyCommitted LostReason = 4
+)
+
+func (r LostReason) String() string {
+	switch r {
+	case LostNone:
+		return ""
+	case LostNotClaimed:
+		return "not_claimed"
+	case LostExpired:
+		return "expired"
+	case LostTokenMismatch:
+		return "token_mismatch"
+	case LostAlreadyCommitted:
+		return "already_committed"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
 // RecordState is the state of a stored ID.
 type RecordState uint8
 
@@ -152,6 +193,8 @@ type Record struct {
 // ItemResult is the outcome for one Item.
 type ItemResult struct {
 	Code Code
+	// Reason says why, for CodeLeaseLost (LostNone otherwise).
+	Reason LostReason
 	// Record is the state after the operation; zero if the ID is absent.
 	Record Record
 }

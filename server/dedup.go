@@ -209,9 +209,23 @@ func (s *Server) leaseOp(ctx context.Context, kind fsm.OpKind, ns string, durati
 		default:
 			return nil, toStatus(fmt.Errorf("%s: unexpected result %s for item %d", kind, r.Code, i))
 		}
-		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record)}
+		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record), Reason: lostReasonPB(r.Reason)}
 	}
 	return resp, nil
+}
+
+func lostReasonPB(r fsm.LostReason) dedupv1.LeaseResult_Reason {
+	switch r {
+	case fsm.LostNotClaimed:
+		return dedupv1.LeaseResult_NOT_CLAIMED
+	case fsm.LostExpired:
+		return dedupv1.LeaseResult_EXPIRED
+	case fsm.LostTokenMismatch:
+		return dedupv1.LeaseResult_TOKEN_MISMATCH
+	case fsm.LostAlreadyCommitted:
+		return dedupv1.LeaseResult_ALREADY_COMMITTED
+	}
+	return dedupv1.LeaseResult_REASON_UNSPECIFIED
 }
 
 // Commit implements dedupv1.DedupServer.

@@ -218,17 +218,22 @@ recorded or not.`,
 	return cmds
 }
 
-// leaseLostHelp says what lease_lost covers. The node answers one code,
-// LEASE_LOST, for every case; the record it returns with it tells them
-// apart.
-const leaseLostHelp = `lease_lost covers every way the lease you name is not live: it expired,
-it was released, the ID was forgotten, a newer claim took it after yours
-expired, or the token is not the one your claim printed (the node answers
-all of them alike). The details on the line are the ID's live record, if it
-has one: state=leased with another fencing_token: another lease holds it
-(your token is wrong, or someone else claimed it); expires_at without
-state=leased: the ID is committed (by a commit or a mark); no details: the
-ID holds no live record.`
+// leaseLostHelp says what lease_lost covers and what its reason= detail
+// (the node's LeaseResult.reason) says.
+const leaseLostHelp = `lease_lost means the lease you name is not live; the detail after it says
+why, as the cluster decided when your request applied:
+  reason=expired            your lease expired and nothing replaced it: claim again
+  reason=token_mismatch     the ID carries another fencing token: a newer claim
+                            took it after yours expired, or the token is not the
+                            one your claim printed
+  reason=already_committed  the ID is committed (by your own commit, another
+                            holder's, or a mark): do not process it again
+  reason=not_claimed        no claim of the ID: never claimed, released, forgotten,
+                            or expired long enough ago that it was dropped
+(reason=unknown: the node predates reasons.) The other details are the ID's
+live record, if it has one: state=leased with another fencing_token: the
+lease that holds it; expires_at without state=leased: the committed record.
+--output json gives the same as "reason".`
 
 // answersNotErrors names, for the exit status paragraph of op's help, the
 // answers a user might take for failures.
@@ -252,14 +257,14 @@ func newOpCmd(e *env, o op) *cobra.Command {
 
 IDs come as arguments, or one per line on standard input with "-" (blank
 lines are skipped; an empty argument is a usage error). Output: one line per
-ID: the ID, a tab, the result, then tab-separated details (state=leased,
-fencing_token, expires_at). An ID that holds a tab, a newline, another
+ID: the ID, a tab, the result, then tab-separated details (reason= with
+lease_lost, state=leased, fencing_token, expires_at). An ID that holds a tab, a newline, another
 control character, invalid UTF-8 or a non-printable character, or that
 starts with '"', is printed quoted and escaped as Go's strconv.Quote does
 ("a\tb"), so every line is one ID; other IDs are printed as they are.
 --output json prints one JSON object per line with id (id_b64, standard
 base64, for an ID that is not valid UTF-8), result and, when they apply,
-state, first_seen, expires_at, fencing_token and request_token.
+reason, state, first_seen, expires_at, fencing_token and request_token.
 
 Exit status: 0 when every ID got an answer — whatever the answers are
 (` + answersNotErrors(o.name) + ` are results in the output, not
@@ -768,6 +773,7 @@ type resultJSON struct {
 	ID           string `json:"id,omitempty"`
 	IDB64        string `json:"id_b64,omitempty"` // an ID that is not valid UTF-8, standard base64
 	Result       string `json:"result"`
+	Reason       string `json:"reason,omitempty"` // lease_lost only
 	State        string `json:"state,omitempty"`
 	FirstSeen    string `json:"first_seen,omitempty"`
 	ExpiresAt    string `json:"expires_at,omitempty"`
@@ -803,7 +809,7 @@ func needsQuote(id string) bool {
 
 func printResult(w io.Writer, format, id string, r client.Result) error {
 	if format == "json" {
-		j := resultJSON{ID: id, Result: r.Code.String()}
+		j := resultJSON{ID: id, Result: r.Code.String(), Reason: string(r.LostReason)}
 		if !utf8.ValidString(id) {
 			// JSON strings are UTF-8: encoding/json would replace the bad
 			// bytes with U+FFFD, losing the ID. As export does: id_b64.
@@ -831,6 +837,11 @@ func printResult(w io.Writer, format, id string, r client.Result) error {
 		return err
 	}
 	line := textID(id) + "\t" + r.Code.String()
+	if r.LostReason != "" {
+		// A detail of its own (the result column stays lease_lost for
+		// scripts that cut it), first so it reads as the why.
+		line += "\treason=" + string(r.LostReason)
+	}
 	if rec := r.Record; rec != nil {
 		if rec.State == client.StateLeased && r.Code != client.CodeAcquired {
 			line += "\tstate=leased"

@@ -507,6 +507,71 @@ func (LeaseResult_Code) EnumDescriptor() ([]byte, []int) {
 	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{16, 0}
 }
 
+// Why LEASE_LOST, decided when the request applied, from the ID's
+// record alone (REASON_UNSPECIFIED with OK, and from servers that
+// predate it).
+type LeaseResult_Reason int32
+
+const (
+	LeaseResult_REASON_UNSPECIFIED LeaseResult_Reason = 0
+	// No record of the ID (never claimed, forgotten, or expired long
+	// enough ago that it was dropped), or the lease was released.
+	LeaseResult_NOT_CLAIMED LeaseResult_Reason = 1
+	// The lease (or the record its commit made) expired; nothing replaced it.
+	LeaseResult_EXPIRED LeaseResult_Reason = 2
+	// The record carries another fencing token: a newer claim took the ID,
+	// or the token was never granted for it.
+	LeaseResult_TOKEN_MISMATCH LeaseResult_Reason = 3
+	// The ID is committed (by this lease's own commit, another holder's,
+	// or a mark).
+	LeaseResult_ALREADY_COMMITTED LeaseResult_Reason = 4
+)
+
+// Enum value maps for LeaseResult_Reason.
+var (
+	LeaseResult_Reason_name = map[int32]string{
+		0: "REASON_UNSPECIFIED",
+		1: "NOT_CLAIMED",
+		2: "EXPIRED",
+		3: "TOKEN_MISMATCH",
+		4: "ALREADY_COMMITTED",
+	}
+	LeaseResult_Reason_value = map[string]int32{
+		"REASON_UNSPECIFIED": 0,
+		"NOT_CLAIMED":        1,
+		"EXPIRED":            2,
+		"TOKEN_MISMATCH":     3,
+		"ALREADY_COMMITTED":  4,
+	}
+)
+
+func (x LeaseResult_Reason) Enum() *LeaseResult_Reason {
+	p := new(LeaseResult_Reason)
+	*p = x
+	return p
+}
+
+func (x LeaseResult_Reason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LeaseResult_Reason) Descriptor() protoreflect.EnumDescriptor {
+	return file_dedup_v1_dedup_proto_enumTypes[9].Descriptor()
+}
+
+func (LeaseResult_Reason) Type() protoreflect.EnumType {
+	return &file_dedup_v1_dedup_proto_enumTypes[9]
+}
+
+func (x LeaseResult_Reason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LeaseResult_Reason.Descriptor instead.
+func (LeaseResult_Reason) EnumDescriptor() ([]byte, []int) {
+	return file_dedup_v1_dedup_proto_rawDescGZIP(), []int{16, 1}
+}
+
 type ForgetResult_Code int32
 
 const (
@@ -537,11 +602,11 @@ func (x ForgetResult_Code) String() string {
 }
 
 func (ForgetResult_Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_dedup_v1_dedup_proto_enumTypes[9].Descriptor()
+	return file_dedup_v1_dedup_proto_enumTypes[10].Descriptor()
 }
 
 func (ForgetResult_Code) Type() protoreflect.EnumType {
-	return &file_dedup_v1_dedup_proto_enumTypes[9]
+	return &file_dedup_v1_dedup_proto_enumTypes[10]
 }
 
 func (x ForgetResult_Code) Number() protoreflect.EnumNumber {
@@ -1564,6 +1629,7 @@ type LeaseResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          LeaseResult_Code       `protobuf:"varint,1,opt,name=code,proto3,enum=dedup.v1.LeaseResult_Code" json:"code,omitempty"`
 	Record        *Record                `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
+	Reason        LeaseResult_Reason     `protobuf:"varint,3,opt,name=reason,proto3,enum=dedup.v1.LeaseResult_Reason" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1610,6 +1676,13 @@ func (x *LeaseResult) GetRecord() *Record {
 		return x.Record
 	}
 	return nil
+}
+
+func (x *LeaseResult) GetReason() LeaseResult_Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return LeaseResult_REASON_UNSPECIFIED
 }
 
 type LeaseResponse struct {
@@ -3686,15 +3759,22 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\blease_ms\x18\x03 \x01(\x03R\aleaseMs\"Y\n" +
 	"\x0eReleaseRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12)\n" +
-	"\x05items\x18\x02 \x03(\v2\x13.dedup.v1.LeaseItemR\x05items\"\x9d\x01\n" +
+	"\x05items\x18\x02 \x03(\v2\x13.dedup.v1.LeaseItemR\x05items\"\xbe\x02\n" +
 	"\vLeaseResult\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.dedup.v1.LeaseResult.CodeR\x04code\x12(\n" +
-	"\x06record\x18\x02 \x01(\v2\x10.dedup.v1.RecordR\x06record\"4\n" +
+	"\x06record\x18\x02 \x01(\v2\x10.dedup.v1.RecordR\x06record\x124\n" +
+	"\x06reason\x18\x03 \x01(\x0e2\x1c.dedup.v1.LeaseResult.ReasonR\x06reason\"4\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\x0e\n" +
 	"\n" +
-	"LEASE_LOST\x10\x02\"@\n" +
+	"LEASE_LOST\x10\x02\"i\n" +
+	"\x06Reason\x12\x16\n" +
+	"\x12REASON_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vNOT_CLAIMED\x10\x01\x12\v\n" +
+	"\aEXPIRED\x10\x02\x12\x12\n" +
+	"\x0eTOKEN_MISMATCH\x10\x03\x12\x15\n" +
+	"\x11ALREADY_COMMITTED\x10\x04\"@\n" +
 	"\rLeaseResponse\x12/\n" +
 	"\aresults\x18\x01 \x03(\v2\x15.dedup.v1.LeaseResultR\aresults\"?\n" +
 	"\rForgetRequest\x12\x1c\n" +
@@ -3898,7 +3978,7 @@ func file_dedup_v1_dedup_proto_rawDescGZIP() []byte {
 	return file_dedup_v1_dedup_proto_rawDescData
 }
 
-var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_dedup_v1_dedup_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
 var file_dedup_v1_dedup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_dedup_v1_dedup_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: dedup.v1.Consistency
@@ -3910,145 +3990,147 @@ var file_dedup_v1_dedup_proto_goTypes = []any{
 	(MarkResult_Code)(0),               // 6: dedup.v1.MarkResult.Code
 	(ClaimResult_Code)(0),              // 7: dedup.v1.ClaimResult.Code
 	(LeaseResult_Code)(0),              // 8: dedup.v1.LeaseResult.Code
-	(ForgetResult_Code)(0),             // 9: dedup.v1.ForgetResult.Code
-	(*Record)(nil),                     // 10: dedup.v1.Record
-	(*CheckRequest)(nil),               // 11: dedup.v1.CheckRequest
-	(*CheckResult)(nil),                // 12: dedup.v1.CheckResult
-	(*CheckResponse)(nil),              // 13: dedup.v1.CheckResponse
-	(*MarkItem)(nil),                   // 14: dedup.v1.MarkItem
-	(*MarkRequest)(nil),                // 15: dedup.v1.MarkRequest
-	(*MarkResult)(nil),                 // 16: dedup.v1.MarkResult
-	(*MarkResponse)(nil),               // 17: dedup.v1.MarkResponse
-	(*ClaimItem)(nil),                  // 18: dedup.v1.ClaimItem
-	(*ClaimRequest)(nil),               // 19: dedup.v1.ClaimRequest
-	(*ClaimResult)(nil),                // 20: dedup.v1.ClaimResult
-	(*ClaimResponse)(nil),              // 21: dedup.v1.ClaimResponse
-	(*LeaseItem)(nil),                  // 22: dedup.v1.LeaseItem
-	(*CommitRequest)(nil),              // 23: dedup.v1.CommitRequest
-	(*RenewRequest)(nil),               // 24: dedup.v1.RenewRequest
-	(*ReleaseRequest)(nil),             // 25: dedup.v1.ReleaseRequest
-	(*LeaseResult)(nil),                // 26: dedup.v1.LeaseResult
-	(*LeaseResponse)(nil),              // 27: dedup.v1.LeaseResponse
-	(*ForgetRequest)(nil),              // 28: dedup.v1.ForgetRequest
-	(*ForgetResult)(nil),               // 29: dedup.v1.ForgetResult
-	(*ForgetResponse)(nil),             // 30: dedup.v1.ForgetResponse
-	(*StreamRequest)(nil),              // 31: dedup.v1.StreamRequest
-	(*StreamError)(nil),                // 32: dedup.v1.StreamError
-	(*StreamResponse)(nil),             // 33: dedup.v1.StreamResponse
-	(*Namespace)(nil),                  // 34: dedup.v1.Namespace
-	(*CreateNamespaceRequest)(nil),     // 35: dedup.v1.CreateNamespaceRequest
-	(*UpdateNamespaceRequest)(nil),     // 36: dedup.v1.UpdateNamespaceRequest
-	(*DescribeNamespaceRequest)(nil),   // 37: dedup.v1.DescribeNamespaceRequest
-	(*ListNamespacesRequest)(nil),      // 38: dedup.v1.ListNamespacesRequest
-	(*DeleteNamespaceRequest)(nil),     // 39: dedup.v1.DeleteNamespaceRequest
-	(*NamespaceResponse)(nil),          // 40: dedup.v1.NamespaceResponse
-	(*ListNamespacesResponse)(nil),     // 41: dedup.v1.ListNamespacesResponse
-	(*DeleteNamespaceResponse)(nil),    // 42: dedup.v1.DeleteNamespaceResponse
-	(*StatusRequest)(nil),              // 43: dedup.v1.StatusRequest
-	(*Member)(nil),                     // 44: dedup.v1.Member
-	(*BloomStatus)(nil),                // 45: dedup.v1.BloomStatus
-	(*StatusResponse)(nil),             // 46: dedup.v1.StatusResponse
-	(*DiskStatus)(nil),                 // 47: dedup.v1.DiskStatus
-	(*JoinRequest)(nil),                // 48: dedup.v1.JoinRequest
-	(*JoinResponse)(nil),               // 49: dedup.v1.JoinResponse
-	(*RemoveRequest)(nil),              // 50: dedup.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 51: dedup.v1.RemoveResponse
-	(*TransferLeadershipRequest)(nil),  // 52: dedup.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 53: dedup.v1.TransferLeadershipResponse
-	(*ReadIndexRequest)(nil),           // 54: dedup.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),          // 55: dedup.v1.ReadIndexResponse
-	(*anypb.Any)(nil),                  // 56: google.protobuf.Any
+	(LeaseResult_Reason)(0),            // 9: dedup.v1.LeaseResult.Reason
+	(ForgetResult_Code)(0),             // 10: dedup.v1.ForgetResult.Code
+	(*Record)(nil),                     // 11: dedup.v1.Record
+	(*CheckRequest)(nil),               // 12: dedup.v1.CheckRequest
+	(*CheckResult)(nil),                // 13: dedup.v1.CheckResult
+	(*CheckResponse)(nil),              // 14: dedup.v1.CheckResponse
+	(*MarkItem)(nil),                   // 15: dedup.v1.MarkItem
+	(*MarkRequest)(nil),                // 16: dedup.v1.MarkRequest
+	(*MarkResult)(nil),                 // 17: dedup.v1.MarkResult
+	(*MarkResponse)(nil),               // 18: dedup.v1.MarkResponse
+	(*ClaimItem)(nil),                  // 19: dedup.v1.ClaimItem
+	(*ClaimRequest)(nil),               // 20: dedup.v1.ClaimRequest
+	(*ClaimResult)(nil),                // 21: dedup.v1.ClaimResult
+	(*ClaimResponse)(nil),              // 22: dedup.v1.ClaimResponse
+	(*LeaseItem)(nil),                  // 23: dedup.v1.LeaseItem
+	(*CommitRequest)(nil),              // 24: dedup.v1.CommitRequest
+	(*RenewRequest)(nil),               // 25: dedup.v1.RenewRequest
+	(*ReleaseRequest)(nil),             // 26: dedup.v1.ReleaseRequest
+	(*LeaseResult)(nil),                // 27: dedup.v1.LeaseResult
+	(*LeaseResponse)(nil),              // 28: dedup.v1.LeaseResponse
+	(*ForgetRequest)(nil),              // 29: dedup.v1.ForgetRequest
+	(*ForgetResult)(nil),               // 30: dedup.v1.ForgetResult
+	(*ForgetResponse)(nil),             // 31: dedup.v1.ForgetResponse
+	(*StreamRequest)(nil),              // 32: dedup.v1.StreamRequest
+	(*StreamError)(nil),                // 33: dedup.v1.StreamError
+	(*StreamResponse)(nil),             // 34: dedup.v1.StreamResponse
+	(*Namespace)(nil),                  // 35: dedup.v1.Namespace
+	(*CreateNamespaceRequest)(nil),     // 36: dedup.v1.CreateNamespaceRequest
+	(*UpdateNamespaceRequest)(nil),     // 37: dedup.v1.UpdateNamespaceRequest
+	(*DescribeNamespaceRequest)(nil),   // 38: dedup.v1.DescribeNamespaceRequest
+	(*ListNamespacesRequest)(nil),      // 39: dedup.v1.ListNamespacesRequest
+	(*DeleteNamespaceRequest)(nil),     // 40: dedup.v1.DeleteNamespaceRequest
+	(*NamespaceResponse)(nil),          // 41: dedup.v1.NamespaceResponse
+	(*ListNamespacesResponse)(nil),     // 42: dedup.v1.ListNamespacesResponse
+	(*DeleteNamespaceResponse)(nil),    // 43: dedup.v1.DeleteNamespaceResponse
+	(*StatusRequest)(nil),              // 44: dedup.v1.StatusRequest
+	(*Member)(nil),                     // 45: dedup.v1.Member
+	(*BloomStatus)(nil),                // 46: dedup.v1.BloomStatus
+	(*StatusResponse)(nil),             // 47: dedup.v1.StatusResponse
+	(*DiskStatus)(nil),                 // 48: dedup.v1.DiskStatus
+	(*JoinRequest)(nil),                // 49: dedup.v1.JoinRequest
+	(*JoinResponse)(nil),               // 50: dedup.v1.JoinResponse
+	(*RemoveRequest)(nil),              // 51: dedup.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 52: dedup.v1.RemoveResponse
+	(*TransferLeadershipRequest)(nil),  // 53: dedup.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 54: dedup.v1.TransferLeadershipResponse
+	(*ReadIndexRequest)(nil),           // 55: dedup.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),          // 56: dedup.v1.ReadIndexResponse
+	(*anypb.Any)(nil),                  // 57: google.protobuf.Any
 }
 var file_dedup_v1_dedup_proto_depIdxs = []int32{
 	2,  // 0: dedup.v1.Record.state:type_name -> dedup.v1.RecordState
 	0,  // 1: dedup.v1.CheckRequest.consistency:type_name -> dedup.v1.Consistency
 	5,  // 2: dedup.v1.CheckResult.code:type_name -> dedup.v1.CheckResult.Code
-	10, // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
-	12, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
+	11, // 3: dedup.v1.CheckResult.record:type_name -> dedup.v1.Record
+	13, // 4: dedup.v1.CheckResponse.results:type_name -> dedup.v1.CheckResult
 	1,  // 5: dedup.v1.CheckResponse.read_path:type_name -> dedup.v1.ReadPath
-	14, // 6: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
+	15, // 6: dedup.v1.MarkRequest.items:type_name -> dedup.v1.MarkItem
 	6,  // 7: dedup.v1.MarkResult.code:type_name -> dedup.v1.MarkResult.Code
-	10, // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
-	16, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
-	10, // 10: dedup.v1.MarkResponse.new_record:type_name -> dedup.v1.Record
-	18, // 11: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
+	11, // 8: dedup.v1.MarkResult.record:type_name -> dedup.v1.Record
+	17, // 9: dedup.v1.MarkResponse.results:type_name -> dedup.v1.MarkResult
+	11, // 10: dedup.v1.MarkResponse.new_record:type_name -> dedup.v1.Record
+	19, // 11: dedup.v1.ClaimRequest.items:type_name -> dedup.v1.ClaimItem
 	7,  // 12: dedup.v1.ClaimResult.code:type_name -> dedup.v1.ClaimResult.Code
-	10, // 13: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
-	20, // 14: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
-	22, // 15: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
-	22, // 16: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
-	22, // 17: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
+	11, // 13: dedup.v1.ClaimResult.record:type_name -> dedup.v1.Record
+	21, // 14: dedup.v1.ClaimResponse.results:type_name -> dedup.v1.ClaimResult
+	23, // 15: dedup.v1.CommitRequest.items:type_name -> dedup.v1.LeaseItem
+	23, // 16: dedup.v1.RenewRequest.items:type_name -> dedup.v1.LeaseItem
+	23, // 17: dedup.v1.ReleaseRequest.items:type_name -> dedup.v1.LeaseItem
 	8,  // 18: dedup.v1.LeaseResult.code:type_name -> dedup.v1.LeaseResult.Code
-	10, // 19: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
-	26, // 20: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
-	9,  // 21: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
-	29, // 22: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
-	11, // 23: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
-	15, // 24: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
-	19, // 25: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
-	23, // 26: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
-	24, // 27: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
-	25, // 28: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
-	28, // 29: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
-	56, // 30: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
-	32, // 31: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
-	13, // 32: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
-	17, // 33: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
-	21, // 34: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
-	27, // 35: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
-	27, // 36: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
-	27, // 37: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
-	30, // 38: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
-	3,  // 39: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
-	34, // 40: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	34, // 41: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
-	34, // 42: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
-	34, // 43: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
-	4,  // 44: dedup.v1.Member.reachability:type_name -> dedup.v1.Reachability
-	44, // 45: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
-	45, // 46: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
-	47, // 47: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
-	11, // 48: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
-	15, // 49: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
-	19, // 50: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
-	23, // 51: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
-	24, // 52: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
-	25, // 53: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
-	28, // 54: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
-	31, // 55: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
-	35, // 56: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
-	36, // 57: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
-	37, // 58: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
-	38, // 59: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
-	39, // 60: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
-	43, // 61: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
-	48, // 62: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
-	50, // 63: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
-	52, // 64: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
-	54, // 65: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
-	13, // 66: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
-	17, // 67: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
-	21, // 68: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
-	27, // 69: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
-	27, // 70: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
-	27, // 71: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
-	30, // 72: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
-	33, // 73: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
-	40, // 74: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
-	40, // 75: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
-	40, // 76: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
-	41, // 77: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
-	42, // 78: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
-	46, // 79: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
-	49, // 80: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
-	51, // 81: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
-	53, // 82: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
-	55, // 83: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
-	66, // [66:84] is the sub-list for method output_type
-	48, // [48:66] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	11, // 19: dedup.v1.LeaseResult.record:type_name -> dedup.v1.Record
+	9,  // 20: dedup.v1.LeaseResult.reason:type_name -> dedup.v1.LeaseResult.Reason
+	27, // 21: dedup.v1.LeaseResponse.results:type_name -> dedup.v1.LeaseResult
+	10, // 22: dedup.v1.ForgetResult.code:type_name -> dedup.v1.ForgetResult.Code
+	30, // 23: dedup.v1.ForgetResponse.results:type_name -> dedup.v1.ForgetResult
+	12, // 24: dedup.v1.StreamRequest.check:type_name -> dedup.v1.CheckRequest
+	16, // 25: dedup.v1.StreamRequest.mark:type_name -> dedup.v1.MarkRequest
+	20, // 26: dedup.v1.StreamRequest.claim:type_name -> dedup.v1.ClaimRequest
+	24, // 27: dedup.v1.StreamRequest.commit:type_name -> dedup.v1.CommitRequest
+	25, // 28: dedup.v1.StreamRequest.renew:type_name -> dedup.v1.RenewRequest
+	26, // 29: dedup.v1.StreamRequest.release:type_name -> dedup.v1.ReleaseRequest
+	29, // 30: dedup.v1.StreamRequest.forget:type_name -> dedup.v1.ForgetRequest
+	57, // 31: dedup.v1.StreamError.details:type_name -> google.protobuf.Any
+	33, // 32: dedup.v1.StreamResponse.error:type_name -> dedup.v1.StreamError
+	14, // 33: dedup.v1.StreamResponse.check:type_name -> dedup.v1.CheckResponse
+	18, // 34: dedup.v1.StreamResponse.mark:type_name -> dedup.v1.MarkResponse
+	22, // 35: dedup.v1.StreamResponse.claim:type_name -> dedup.v1.ClaimResponse
+	28, // 36: dedup.v1.StreamResponse.commit:type_name -> dedup.v1.LeaseResponse
+	28, // 37: dedup.v1.StreamResponse.renew:type_name -> dedup.v1.LeaseResponse
+	28, // 38: dedup.v1.StreamResponse.release:type_name -> dedup.v1.LeaseResponse
+	31, // 39: dedup.v1.StreamResponse.forget:type_name -> dedup.v1.ForgetResponse
+	3,  // 40: dedup.v1.Namespace.expiry_mode:type_name -> dedup.v1.ExpiryMode
+	35, // 41: dedup.v1.CreateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	35, // 42: dedup.v1.UpdateNamespaceRequest.namespace:type_name -> dedup.v1.Namespace
+	35, // 43: dedup.v1.NamespaceResponse.namespace:type_name -> dedup.v1.Namespace
+	35, // 44: dedup.v1.ListNamespacesResponse.namespaces:type_name -> dedup.v1.Namespace
+	4,  // 45: dedup.v1.Member.reachability:type_name -> dedup.v1.Reachability
+	45, // 46: dedup.v1.StatusResponse.members:type_name -> dedup.v1.Member
+	46, // 47: dedup.v1.StatusResponse.bloom:type_name -> dedup.v1.BloomStatus
+	48, // 48: dedup.v1.StatusResponse.disk:type_name -> dedup.v1.DiskStatus
+	12, // 49: dedup.v1.Dedup.Check:input_type -> dedup.v1.CheckRequest
+	16, // 50: dedup.v1.Dedup.Mark:input_type -> dedup.v1.MarkRequest
+	20, // 51: dedup.v1.Dedup.Claim:input_type -> dedup.v1.ClaimRequest
+	24, // 52: dedup.v1.Dedup.Commit:input_type -> dedup.v1.CommitRequest
+	25, // 53: dedup.v1.Dedup.Renew:input_type -> dedup.v1.RenewRequest
+	26, // 54: dedup.v1.Dedup.Release:input_type -> dedup.v1.ReleaseRequest
+	29, // 55: dedup.v1.Dedup.Forget:input_type -> dedup.v1.ForgetRequest
+	32, // 56: dedup.v1.Dedup.Stream:input_type -> dedup.v1.StreamRequest
+	36, // 57: dedup.v1.Admin.CreateNamespace:input_type -> dedup.v1.CreateNamespaceRequest
+	37, // 58: dedup.v1.Admin.UpdateNamespace:input_type -> dedup.v1.UpdateNamespaceRequest
+	38, // 59: dedup.v1.Admin.DescribeNamespace:input_type -> dedup.v1.DescribeNamespaceRequest
+	39, // 60: dedup.v1.Admin.ListNamespaces:input_type -> dedup.v1.ListNamespacesRequest
+	40, // 61: dedup.v1.Admin.DeleteNamespace:input_type -> dedup.v1.DeleteNamespaceRequest
+	44, // 62: dedup.v1.Admin.Status:input_type -> dedup.v1.StatusRequest
+	49, // 63: dedup.v1.Admin.Join:input_type -> dedup.v1.JoinRequest
+	51, // 64: dedup.v1.Admin.Remove:input_type -> dedup.v1.RemoveRequest
+	53, // 65: dedup.v1.Admin.TransferLeadership:input_type -> dedup.v1.TransferLeadershipRequest
+	55, // 66: dedup.v1.Internal.ReadIndex:input_type -> dedup.v1.ReadIndexRequest
+	14, // 67: dedup.v1.Dedup.Check:output_type -> dedup.v1.CheckResponse
+	18, // 68: dedup.v1.Dedup.Mark:output_type -> dedup.v1.MarkResponse
+	22, // 69: dedup.v1.Dedup.Claim:output_type -> dedup.v1.ClaimResponse
+	28, // 70: dedup.v1.Dedup.Commit:output_type -> dedup.v1.LeaseResponse
+	28, // 71: dedup.v1.Dedup.Renew:output_type -> dedup.v1.LeaseResponse
+	28, // 72: dedup.v1.Dedup.Release:output_type -> dedup.v1.LeaseResponse
+	31, // 73: dedup.v1.Dedup.Forget:output_type -> dedup.v1.ForgetResponse
+	34, // 74: dedup.v1.Dedup.Stream:output_type -> dedup.v1.StreamResponse
+	41, // 75: dedup.v1.Admin.CreateNamespace:output_type -> dedup.v1.NamespaceResponse
+	41, // 76: dedup.v1.Admin.UpdateNamespace:output_type -> dedup.v1.NamespaceResponse
+	41, // 77: dedup.v1.Admin.DescribeNamespace:output_type -> dedup.v1.NamespaceResponse
+	42, // 78: dedup.v1.Admin.ListNamespaces:output_type -> dedup.v1.ListNamespacesResponse
+	43, // 79: dedup.v1.Admin.DeleteNamespace:output_type -> dedup.v1.DeleteNamespaceResponse
+	47, // 80: dedup.v1.Admin.Status:output_type -> dedup.v1.StatusResponse
+	50, // 81: dedup.v1.Admin.Join:output_type -> dedup.v1.JoinResponse
+	52, // 82: dedup.v1.Admin.Remove:output_type -> dedup.v1.RemoveResponse
+	54, // 83: dedup.v1.Admin.TransferLeadership:output_type -> dedup.v1.TransferLeadershipResponse
+	56, // 84: dedup.v1.Internal.ReadIndex:output_type -> dedup.v1.ReadIndexResponse
+	67, // [67:85] is the sub-list for method output_type
+	49, // [49:67] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_dedup_v1_dedup_proto_init() }
@@ -4079,7 +4161,7 @@ func file_dedup_v1_dedup_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dedup_v1_dedup_proto_rawDesc), len(file_dedup_v1_dedup_proto_rawDesc)),
-			NumEnums:      10,
+			NumEnums:      11,
 			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
