@@ -63,6 +63,36 @@ func MinFreeDiskFloor(memtable uint64, ls LogStore) uint64 {
 	return floor
 }
 
+// startRoom refuses to start a node whose data dir has less free space
+// than MinFreeDiskFloor (the apply reserve, plus one log segment with
+// wal), returning a *diskspace.RoomError. Starting writes before the disk
+// guard can pause anything: Pebble's open replays its WAL into a memtable,
+// flushes it and writes a new MANIFEST, and a MANIFEST write that fails is
+// fatal to Pebble (a panic, "MANIFEST flush failed"); raft-wal may create
+// a segment, and hashicorp/raft panics when it cannot store a term or
+// vote. Refusing before anything is opened leaves the data dir as it was:
+// the committed entries it had not applied are still in its log and apply
+// once the node starts with room.
+func startRoom(cfg Config) error {
+	mem := cfg.FSM.Storage.MemTableBytes
+	reserve := DiskReserve(mem)
+	need, parts := reserve, "apply reserve "+diskspace.Bytes(reserve)
+	if cfg.LogStore != LogStoreBoltDB {
+		seg := uint64(max(cfg.WALSegmentBytes, defaultWALSegmentBytes))
+		need += seg
+		parts += " + one " + diskspace.Bytes(seg) + " Raft log segment"
+	}
+	free, _, _, err := diskspace.FreeNearest(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("measure free space of data dir %s: %w", cfg.DataDir, err)
+	}
+	if free < need {
+		return &diskspace.RoomError{Path: cfg.DataDir, Op: "starting", Free: free, Need: need,
+			Parts: parts, Fix: "free space or grow the volume, then start again; nothing was written"}
+	}
+	return nil
+}
+
 // healthLag is how far the applied index may trail the commit index for
 // Health: a few entries never reach the FSM (no-ops, barriers) and a busy
 // follower is always a little behind.

@@ -120,6 +120,11 @@ func New(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Also before any file is written: a disk too full to start on is
+	// refused (startRoom).
+	if err := startRoom(cfg); err != nil {
+		return nil, err
+	}
 
 	raftDir := filepath.Join(cfg.DataDir, "raft")
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {

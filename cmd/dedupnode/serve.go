@@ -554,7 +554,8 @@ func serve(ctx context.Context, cfg server.Config, logger *slog.Logger, reload f
 	if err != nil {
 		hint := "check that the addresses are free and the data dir is writable and not used by another process"
 		var idErr *cluster.NodeIDMismatchError
-		if errors.As(err, &idErr) {
+		var roomErr *diskspace.RoomError
+		if errors.As(err, &idErr) || errors.As(err, &roomErr) {
 			hint = "" // the error says what to do
 		}
 		return &opError{err: fmt.Errorf("start node %s: %w", cfg.Cluster.NodeID, err), hint: hint}

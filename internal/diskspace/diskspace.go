@@ -61,6 +61,49 @@ func Allocated(dir string) (int64, error) {
 	return total, err
 }
 
+// FreeNearest is Free for the nearest existing ancestor of dir (dir
+// itself when it exists): a data dir not created yet will take its space
+// from there. It returns the path measured.
+func FreeNearest(dir string) (free, total uint64, measured string, err error) {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		free, total, err = Free(d)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || d == filepath.Dir(d) {
+			return free, total, d, err
+		}
+	}
+}
+
+// RoomError says an operation on a data dir needs more free space than its
+// filesystem has. It matches ErrLowSpace. Callers that must not start the
+// operation on a full disk (a node starting, a snapshot restore) return it
+// before writing anything, so the disk never fills under Pebble or Raft,
+// which panic on some failed writes.
+type RoomError struct {
+	Path string // the data directory (or the part of it written)
+	Op   string // what needs the space: "starting", "restoring a snapshot"
+	Free uint64 // bytes free when measured
+	Need uint64 // bytes Op needs free
+	// Parts says what Need is made of, for the operator
+	// ("apply reserve 8.2 MiB + one 16.0 MiB Raft log segment").
+	Parts string
+	// Fix says what to do and what happened meanwhile.
+	Fix string
+}
+
+func (e *RoomError) Error() string {
+	msg := fmt.Sprintf("%s: data dir %s has %s free, %s needs at least %s", ErrLowSpace, e.Path, Bytes(e.Free), e.Op, Bytes(e.Need))
+	if e.Parts != "" {
+		msg += " (" + e.Parts + ")"
+	}
+	if e.Fix != "" {
+		msg += ": " + e.Fix
+	}
+	return msg
+}
+
+// Unwrap makes errors.Is(err, ErrLowSpace) true.
+func (e *RoomError) Unwrap() error { return ErrLowSpace }
+
 // ErrLowSpace is matched (errors.Is) by every *LowSpaceError.
 var ErrLowSpace = errors.New("not enough free disk space")
 
