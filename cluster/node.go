@@ -34,10 +34,10 @@ type Node struct {
 	raft   *raft.Raft
 	trans  *raft.NetworkTransport
 	stream *streamLayer
-	store  raftStore   // log and stable store (logstore.go)
-	logs   *logCache   // in front of guard (logcache.go)
-	guard  *stallGuard // times log store writes (guard.go)
-	snaps  *raft.FileSnapshotStore
+	store  raftStore      // log and stable store (logstore.go)
+	logs   *logCache      // in front of guard (logcache.go)
+	guard  *stallGuard    // times log store writes (guard.go)
+	snaps  *snapshotStore // raft's file store without its leaked .tmp dirs (snapstore.go)
 	disk   *diskspace.Monitor
 
 	// stalled: a log store write has run past LogStallTimeout (watchdog).
@@ -148,8 +148,8 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	closers = append(closers, n.store.Close)
 
-	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(raftDir, cfg.SnapshotRetain, hcl); err != nil {
-		return nil, fmt.Errorf("open snapshot store: %w", err)
+	if n.snaps, err = openSnapshotStore(raftDir, cfg.SnapshotRetain, hcl, n.log); err != nil {
+		return nil, err
 	}
 
 	fcfg := cfg.FSM

@@ -138,9 +138,9 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 	}()
 
 	hcl := newHCLogger(logger.With("component", "raft"), hclog.Warn, nil)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hcl)
+	snaps, err := openSnapshotStore(raftDir, 2, hcl, logger)
 	if err != nil {
-		return res, fmt.Errorf("open snapshot store: %w", err)
+		return res, err
 	}
 	_, trans := raft.NewInmemTransport(raft.ServerAddress(raftAddr))
 	defer trans.Close()
