@@ -176,6 +176,13 @@ func New(cfg Config) (_ *Node, err error) {
 		}
 		return n.disk.WaitRoom(n.stopCtx)
 	}
+	// A snapshot restore writes a second database beside the live one
+	// (fsm/db.restore): it stops at the reserve like applying does, and
+	// Raft retries it later (a joining node on a volume too small for the
+	// snapshot used to crash in Pebble instead).
+	fcfg.RestoreRoom = func(need uint64) error {
+		return n.disk.Room("restoring a snapshot", "the restore is abandoned, the current state is kept and Raft retries it later; free space or grow the volume", need)
+	}
 	if n.fsm, err = fsm.New(fcfg); err != nil {
 		return nil, fmt.Errorf("open fsm: %w", err)
 	}

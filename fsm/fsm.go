@@ -42,6 +42,14 @@ type Config struct {
 	// restart), and Snapshot refuses from then on, so no snapshot ever
 	// claims an index the database does not hold.
 	ApplyGate func() bool
+	// RestoreRoom, if set, is called by Restore before it creates its
+	// scratch database (need 0) and before each write to it (need: the
+	// bytes of the batch plus those still in memtables, which a flush will
+	// write), and Restore fails with its error, keeping the current state.
+	// The node uses it to stop a restore before Pebble meets ENOSPC: a
+	// failed flush is retried forever and a failed MANIFEST write panics.
+	// Raft retries a failed restore later.
+	RestoreRoom func(need uint64) error
 	// windowShift overrides the window size (log2 records) of new buckets:
 	// tests use a few records, so their handful of IDs spread over many
 	// windows. Zero: windowShift.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
@@ -304,13 +305,42 @@ func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
 		return 0, err
 	}
 	index, term := h.Index, h.Term
-	db, err := storage.Open(dir, f.storageOptions())
+	room := f.cfg.RestoreRoom
+	if room == nil {
+		room = func(uint64) error { return nil }
+	}
+	// Opening writes (MANIFEST, OPTIONS): not on a disk already below the
+	// reserve.
+	if err := room(0); err != nil {
+		return 0, err
+	}
+	// The scratch database runs without a WAL (it is flushed before the
+	// swap, and a crash meanwhile discards it), and the first error of
+	// its background work (a flush or compaction that hit ENOSPC, which
+	// Pebble would retry forever) aborts the restore.
+	bg := newFirstError()
+	o := f.storageOptions()
+	o.DisableWAL = true
+	o.BackgroundError = bg.set
+	db, err := storage.Open(dir, o)
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
 	b := db.NewBatch()
 	defer func() { b.Close() }()
+	// commit writes b once the disk has room for it and for what the
+	// memtables hold (the flushes to come), and Pebble's background work
+	// has not failed.
+	commit := func() error {
+		if err := bg.get(); err != nil {
+			return fmt.Errorf("write scratch database %s: %w", dir, err)
+		}
+		if err := room(uint64(b.Len()) + db.Metrics().MemTable.Size); err != nil {
+			return err
+		}
+		return b.Commit(pebble.NoSync)
+	}
 	var sawApplied bool
 	n, err := readEntries(hr, func(k, v []byte) error {
 		if bytes.Equal(k, storage.MetaKey(metaApplied)) {
@@ -324,7 +354,7 @@ func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
 			return err
 		}
 		if b.Len() > 4<<20 {
-			if err := b.Commit(pebble.NoSync); err != nil {
+			if err := commit(); err != nil {
 				return err
 			}
 			b.Close()
@@ -353,13 +383,53 @@ func (f *FSM) loadSnapshot(rc io.Reader, dir string) (uint64, error) {
 	if index > 0 && !sawApplied {
 		return 0, fmt.Errorf("%w: no applied index in data", ErrBadSnapshot)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := commit(); err != nil {
 		return 0, err
 	}
-	if err := db.Flush(); err != nil {
+	// The flush makes the scratch database durable (no WAL). Pebble's
+	// Flush would wait for ever on a flush that keeps failing.
+	if err := room(db.Metrics().MemTable.Size); err != nil {
 		return 0, err
+	}
+	flushed, err := db.AsyncFlush()
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-flushed:
+	case <-bg.done:
+	}
+	if err := bg.get(); err != nil {
+		return 0, fmt.Errorf("flush scratch database %s: %w", dir, err)
 	}
 	return index, nil
+}
+
+// firstError keeps the first error reported to it (from any goroutine)
+// and closes done then.
+type firstError struct {
+	once sync.Once
+	err  error
+	done chan struct{}
+}
+
+func newFirstError() *firstError { return &firstError{done: make(chan struct{})} }
+
+func (e *firstError) set(err error) {
+	e.once.Do(func() {
+		e.err = err
+		close(e.done)
+	})
+}
+
+// get returns the first error, nil if none was reported yet.
+func (e *firstError) get() error {
+	select {
+	case <-e.done:
+		return e.err
+	default:
+		return nil
+	}
 }
 
 func grow(b []byte, n int) []byte {

@@ -231,6 +231,17 @@ type Options struct {
 	// FS is the file system Pebble uses (nil: the OS's). Tests pass
 	// vfs.NewCrashableMem to simulate a crash at any point.
 	FS vfs.FS
+	// DisableWAL turns Pebble's write-ahead log off, for a scratch
+	// database that is flushed before anything relies on it (a snapshot
+	// restore). Its commit path then never rotates a WAL file, which
+	// Pebble does by panicking when the file cannot be written (ENOSPC).
+	// Commits must not ask for Sync.
+	DisableWAL bool
+	// BackgroundError, if set, is called with each error of Pebble's
+	// background work (flushes, compactions) after it is logged. Pebble
+	// retries a failed flush at once, and for as long as it fails: a caller
+	// that cannot wait for space aborts on the first call.
+	BackgroundError func(error)
 }
 
 // DB is the Pebble database of one FSM.
@@ -325,6 +336,14 @@ func Open(dir string, o Options) (*DB, error) {
 		MemTableStopWritesThreshold: memTableStopWritesThreshold,
 		LBaseMaxBytes:               64 << 20,
 		CompactionConcurrencyRange:  func() (int, int) { return 1, 1 },
+		DisableWAL:                  o.DisableWAL,
+	}
+	if o.BackgroundError != nil {
+		lg, report := logger{o.Logger}, o.BackgroundError
+		opts.EventListener = &pebble.EventListener{BackgroundError: func(err error) {
+			lg.Errorf("background error: %s", err)
+			report(err)
+		}}
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].BlockSize = dataBlockBytes

@@ -328,6 +328,22 @@ func (m *Monitor) WriteErr() error {
 	return &LowSpaceError{Path: st.Dir, Free: st.Free, MinFree: st.MinFree, ResumeFree: ResumeAt(st.MinFree)}
 }
 
+// Room measures free space now and returns a *RoomError when it is less
+// than the reserve plus need, the bytes op is about to write; fix goes
+// into the error (RoomError.Fix). A failed measurement is an error too:
+// the caller must not write when it cannot tell.
+func (m *Monitor) Room(op, fix string, need uint64) error {
+	st := m.measure()
+	if st.Err != nil {
+		return fmt.Errorf("%w: cannot measure free space of %s before %s: %w", ErrLowSpace, st.Dir, op, st.Err)
+	}
+	if st.Free >= st.Reserve+need {
+		return nil
+	}
+	return &RoomError{Path: st.Dir, Op: op, Free: st.Free, Need: st.Reserve + need,
+		Parts: "apply reserve " + Bytes(st.Reserve) + " + " + Bytes(need) + " to write", Fix: fix}
+}
+
 // WaitRoom blocks while free space is below the reserve, re-measuring at
 // every poll. It returns true once there is room, false when ctx ends or
 // the monitor is closed first.
