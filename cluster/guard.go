@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -129,6 +130,8 @@ var errStalled = errors.New("raft log store stalled on this node: not replicatin
 //     against a frozen (SIGSTOP) or black-holed target it waits for the
 //     transport's whole I/O timeout (10 s) although the transfer itself
 //     gave up after an election timeout.
+//   - Incoming AppendEntries with entries pass through filter, which
+//     refuses them while the disk has no room (appendFilter).
 type guardedTransport struct {
 	*raft.NetworkTransport
 	stalled    func() bool
@@ -136,6 +139,7 @@ type guardedTransport struct {
 	// observe, if set, is told the outcome of every AppendEntries
 	// (heartbeats included): the leader's per-peer liveness (peers.go).
 	observe func(raft.ServerID, *raft.AppendEntriesResponse, error)
+	filter  *appendFilter // nil: incoming RPCs go to raft unfiltered
 }
 
 func (t *guardedTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
@@ -207,4 +211,75 @@ func (m *entrySizeMax) observe(n int) {
 			return
 		}
 	}
+}
+
+// appendFilter stands between the Raft transport and raft on a node: an
+// incoming AppendEntries that carries entries is answered with an error,
+// without reaching raft, when room says the disk cannot take them.
+//
+// Why not let the log store fail: hashicorp/raft answers a failed
+// StoreLogs with Success=false, and the leader takes that as a log
+// mismatch and steps nextIndex back by one. Below the follower's last
+// snapshot every step fails again ("failed to get previous log": those
+// entries are in the snapshot, not in the log), so the leader walked back
+// one entry per round trip through its whole log (80,000 "appendEntries
+// rejected, sending older logs" in 37 s on a joining node), then sent a
+// snapshot the disk could not hold either. A transport error instead
+// counts as a failed RPC: the leader keeps nextIndex and retries with its
+// backoff (up to about 10 s apart) until the follower has room. Heartbeats
+// (no entries) still pass, so the follower keeps its leader.
+type appendFilter struct {
+	in   <-chan raft.RPC
+	out  chan raft.RPC
+	room func(bytes uint64) error
+}
+
+// newAppendFilter filters in (the transport's consumer channel) until ctx
+// ends; raft reads the result from consumer().
+func newAppendFilter(ctx context.Context, in <-chan raft.RPC, room func(bytes uint64) error) *appendFilter {
+	f := &appendFilter{in: in, out: make(chan raft.RPC), room: room}
+	go f.run(ctx)
+	return f
+}
+
+func (f *appendFilter) consumer() <-chan raft.RPC { return f.out }
+
+func (f *appendFilter) run(ctx context.Context) {
+	for {
+		var rpc raft.RPC
+		select {
+		case rpc = <-f.in:
+		case <-ctx.Done():
+			return
+		}
+		if req, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && len(req.Entries) > 0 {
+			if err := f.room(entriesBytes(req.Entries)); err != nil {
+				rpc.Respond(nil, fmt.Errorf("not appending %d entries from %s: %w", len(req.Entries), req.RPCHeader.Addr, err))
+				continue
+			}
+		}
+		select {
+		case f.out <- rpc:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// entriesBytes approximates what storing entries takes on disk (their
+// data, extensions and a per-entry header).
+func entriesBytes(entries []*raft.Log) uint64 {
+	var n uint64
+	for _, e := range entries {
+		n += uint64(len(e.Data)+len(e.Extensions)) + 64
+	}
+	return n
+}
+
+// Consumer is raft's RPC channel: the append filter's when there is one.
+func (t *guardedTransport) Consumer() <-chan raft.RPC {
+	if t.filter != nil {
+		return t.filter.consumer()
+	}
+	return t.NetworkTransport.Consumer()
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -53,5 +54,38 @@ func TestHCLogAdapter_ConnectionsCutByShutdownAreDebug(t *testing.T) {
 	l.Error("failed to take snapshot", "error", errors.New("disk full"))
 	if out := buf.String(); strings.Contains(out, "reset") || strings.Contains(out, "heartbeat") || !strings.Contains(out, "disk full") {
 		t.Fatalf("while stopping: connection noise is DEBUG, other errors are not:\n%s", out)
+	}
+}
+
+// raft's once-per-round-trip warnings are logged once per second per
+// message, the next line saying how many were dropped; other messages
+// are not limited. A leader walking back a follower's nextIndex logged
+// 80,000 "appendEntries rejected, sending older logs" in 37 s.
+func TestHCLogAdapter_RepeatedRaftWarningsOncePerSecond(t *testing.T) {
+	var buf bytes.Buffer
+	l := newHCLogger(slog.New(slog.NewTextHandler(&buf, nil)), hclog.Warn, nil)
+	clock := time.Unix(1_800_000_000, 0)
+	l.(*hclogAdapter).repeats.now = func() time.Time { return clock }
+	peer := l.Named("raft").With("peer", "n6") // copies share the limiter
+	for i := range 10_000 {
+		peer.Warn("appendEntries rejected, sending older logs", "next", 234_331-i)
+		l.Warn("failed to get previous log", "previous-index", 234_330-i)
+	}
+	l.Error("failed to take snapshot", "error", "disk full")
+	l.Error("failed to take snapshot", "error", "disk full")
+	if got := strings.Count(buf.String(), "sending older logs"); got != 1 {
+		t.Fatalf("%d lines of a warning repeated 10,000 times within a second, want 1:\n%.2000s", got, buf.String())
+	}
+	if got := strings.Count(buf.String(), "failed to get previous log"); got != 1 {
+		t.Fatalf("%d lines of the follower's warning, want 1", got)
+	}
+	if got := strings.Count(buf.String(), "failed to take snapshot"); got != 2 {
+		t.Fatalf("%d lines of a message not in the list, want both", got)
+	}
+	buf.Reset()
+	clock = clock.Add(time.Second)
+	peer.Warn("appendEntries rejected, sending older logs", "next", 1)
+	if out := buf.String(); !strings.Contains(out, "repeated=9999") || !strings.Contains(out, "peer=n6") {
+		t.Fatalf("a second later: %q, want the line with repeated=9999", out)
 	}
 }

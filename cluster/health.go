@@ -93,6 +93,28 @@ func startRoom(cfg Config) error {
 	return nil
 }
 
+// appendRoom is the append filter's test (guard.go): entries of bytes
+// are refused while the disk, as last measured, has less than the floor
+// (MinFreeDiskFloor: the apply reserve and a log segment for wal) free
+// beyond them. Below it the log store's append would fail or eat the room
+// hashicorp/raft needs to store a term or vote (it panics when it cannot).
+func (n *Node) appendRoom(bytes uint64) error {
+	st := n.disk.State()
+	floor := MinFreeDiskFloor(n.cfg.FSM.Storage.MemTableBytes, n.cfg.LogStore)
+	if n.cfg.LogStore != LogStoreBoltDB && n.cfg.WALSegmentBytes > defaultWALSegmentBytes {
+		floor += uint64(n.cfg.WALSegmentBytes - defaultWALSegmentBytes)
+	}
+	if st.Err == nil && st.Free >= floor+bytes {
+		return nil
+	}
+	if st.Err != nil {
+		return fmt.Errorf("%w: cannot measure free space of %s: %w", ErrLowDiskSpace, st.Dir, st.Err)
+	}
+	return &diskspace.RoomError{Path: st.Dir, Op: "appending to the raft log", Free: st.Free, Need: floor + bytes,
+		Parts: "floor " + diskspace.Bytes(floor) + " + " + diskspace.Bytes(bytes) + " of entries",
+		Fix:   "the leader retries; free space or grow the volume"}
+}
+
 // healthLag is how far the applied index may trail the commit index for
 // Health: a few entries never reach the FSM (no-ops, barriers) and a busy
 // follower is always a little behind.
