@@ -279,8 +279,11 @@ func testRestartSnapshotRestore(t *testing.T, ls LogStore) {
 	if skip, err := n2.canSkipRestore(); err != nil || !skip {
 		t.Fatalf("canSkipRestore with a current FSM: %v %v", skip, err)
 	}
-	if n2.FSM().AppliedIndex() != applied {
-		t.Fatalf("applied %d after restart, want %d", n2.FSM().AppliedIndex(), applied)
+	// At once, without a replay: the FSM holds what it had applied. (Not
+	// "equal": the restarted lone voter may already lead and apply its
+	// term's first entries.)
+	if got := n2.FSM().AppliedIndex(); got < applied {
+		t.Fatalf("applied %d right after restart, want at least %d", got, applied)
 	}
 	seenAll(n2)
 	if err := n2.Shutdown(ctx); err != nil {
