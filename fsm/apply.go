@@ -453,6 +453,9 @@ func (a *applier) op(op *Op) OpResult {
 		if op.Setting.Name == "" {
 			return OpResult{Err: invalid("setting.name", "empty")}
 		}
+		if op.Setting.Name == ClusterIDSetting {
+			return a.applyClusterID(op.Setting)
+		}
 		if op.Setting.Unset {
 			if _, ok := st.settings[op.Setting.Name]; ok {
 				delete(st.settings, op.Setting.Name)
