@@ -188,6 +188,10 @@ type Config struct {
 	// (the server wires it to Admin.Status). Without it a non-voter counts
 	// as caught up when no heartbeat to it failed within PromoteAfter.
 	Progress ProgressProbe
+	// ClusterIDProbe, if set, lets the leader ask a joining node its
+	// cluster ID (the server wires it to Admin.Status), so Join refuses a
+	// node of another cluster with a *ClusterMismatchError.
+	ClusterIDProbe ClusterIDProbe
 }
 
 // DefaultMaxEntryBytes is Config.MaxEntryBytes's default.

@@ -84,8 +84,9 @@ func (n *Node) startTerm() func() {
 //
 //  1. Barrier: every entry of earlier terms is applied, so fsm.Nodes and
 //     fsm.LastTimestamp are current.
-//  2. The term-start command (OpSetNode for itself and static peers whose
-//     client address the node table lacks, else an OpTick). Once it has
+//  2. The term-start command (the cluster ID when the state has none,
+//     OpSetNode for itself and static peers whose client address the node
+//     table lacks, else an OpTick). Once it has
 //     applied, the commit index always sits on an entry the FSM applies
 //     (no-op and barrier entries never reach it), so a read index can be
 //     waited for with fsm.WaitApplied on any node.
@@ -171,7 +172,13 @@ func (n *Node) stampTick(ctx context.Context) {
 
 func (n *Node) termStartOps() []fsm.Op {
 	nodes := n.fsm.Nodes()
-	var ops []fsm.Op
+	ops, err := n.clusterIDOps()
+	if err != nil {
+		// Without randomness there is no ID to give; the cluster works
+		// without one (as an older version's did) and the next term tries
+		// again.
+		n.log.Error("cannot assign a cluster ID", "err", err)
+	}
 	if nodes[n.cfg.NodeID] != n.cfg.GRPCAddr {
 		ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: n.cfg.NodeID, GRPCAddr: n.cfg.GRPCAddr}})
 	}

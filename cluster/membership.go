@@ -20,8 +20,11 @@ const membershipTimeout = 10 * time.Second
 // harmless. An ID removed from the cluster (fsm.FSM.Retired) is refused:
 // IDs are never reused.
 //
-// Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields), ctx's
-// error, or a raft error.
+// A node that reports another cluster's ID (Config.ClusterIDProbe) is
+// refused before anything changes.
+//
+// Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields),
+// *ClusterMismatchError, ctx's error, or a raft error.
 func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string) error {
 	return n.join(ctx, id, raftAddr, grpcAddr, false)
 }
@@ -74,6 +77,9 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 		return &fsm.InvalidError{Field: "node_id", Reason: fmt.Sprintf("node %q was removed from this cluster, and a removed ID is never admitted again (its old data dir could come back and vote as the new node); join with a new --node-id and an empty data dir", id)}
 	}
 	if !member {
+		if err := n.checkJoinee(ctx, id, grpcAddr); err != nil {
+			return err
+		}
 		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
 			return n.mapConfigError(err)
 		}

@@ -567,6 +567,9 @@ type Status struct {
 	LastSnapshotIndex uint64
 	Members           []Member
 	FSM               fsm.Stats
+	// ClusterID is the cluster's ID as this node applied it ("" until
+	// then).
+	ClusterID string
 }
 
 // Status returns current figures. Members come from the latest Raft
@@ -575,6 +578,7 @@ func (n *Node) Status() (Status, error) {
 	lid, laddr, lgrpc := n.Leader()
 	s := Status{
 		NodeID:         n.cfg.NodeID,
+		ClusterID:      n.fsm.ClusterID(),
 		State:          strings.ToLower(n.raft.State().String()),
 		LeaderID:       lid,
 		LeaderRaftAddr: laddr,
