@@ -3030,8 +3030,12 @@ type StatusResponse struct {
 	// cluster setting preferred-leader-regions as this node applied it.
 	Region                 string   `protobuf:"bytes,19,opt,name=region,proto3" json:"region,omitempty"`
 	PreferredLeaderRegions []string `protobuf:"bytes,20,rep,name=preferred_leader_regions,json=preferredLeaderRegions,proto3" json:"preferred_leader_regions,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The cluster's ID (drawn once by its first leader, replicated through
+	// the log), "" until this node has applied it. Every response also
+	// carries it in the dedupnode-cluster-id header.
+	ClusterId     string `protobuf:"bytes,31,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -3209,6 +3213,13 @@ func (x *StatusResponse) GetPreferredLeaderRegions() []string {
 		return x.PreferredLeaderRegions
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // DiskStatus is the data directory's filesystem as the node last measured
@@ -3866,7 +3877,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10observed_fp_rate\x18\x06 \x01(\x01R\x0eobservedFpRate\x12#\n" +
 	"\rmaybe_lookups\x18\a \x01(\x04R\fmaybeLookups\x12'\n" +
 	"\x0ffalse_positives\x18\b \x01(\x04R\x0efalsePositives\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\x91\x06\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\"\xb0\x06\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3890,7 +3901,9 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x16log_store_max_write_ms\x18\x12 \x01(\x03R\x12logStoreMaxWriteMs\x12!\n" +
 	"\fread_replica\x18\x1e \x01(\bR\vreadReplica\x12\x16\n" +
 	"\x06region\x18\x13 \x01(\tR\x06region\x128\n" +
-	"\x18preferred_leader_regions\x18\x14 \x03(\tR\x16preferredLeaderRegions\"\x9b\x02\n" +
+	"\x18preferred_leader_regions\x18\x14 \x03(\tR\x16preferredLeaderRegions\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x1f \x01(\tR\tclusterId\"\x9b\x02\n" +
 	"\n" +
 	"DiskStatus\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +
