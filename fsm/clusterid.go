@@ -51,14 +51,18 @@ func (a *applier) applyClusterID(s Setting) OpResult {
 	}
 	st.settings[ClusterIDSetting] = s.Value
 	must(a.b.Set(storage.SettingKey(ClusterIDSetting), []byte(s.Value), nil))
+	a.f.setClusterID(s.Value)
 	return OpResult{}
 }
 
 // ClusterID returns the cluster ID the applied state holds, "" until the
 // entry that set it has applied (a cluster of an older version, a node
-// still catching up).
+// still catching up). It takes no lock.
 func (f *FSM) ClusterID() string {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.settings[ClusterIDSetting]
+	if p := f.clusterID.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
+
+func (f *FSM) setClusterID(id string) { f.clusterID.Store(&id) }

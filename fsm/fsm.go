@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -89,9 +90,13 @@ func (l BufferLimits) withDefaults() BufferLimits {
 // Apply, ApplyBatch, Snapshot and Restore are called by one goroutine (the
 // Raft FSM loop); the read methods may be called from any goroutine.
 type FSM struct {
-	cfg     Config
-	log     *slog.Logger
-	filters *bloom.Filters
+	cfg Config
+	// clusterID mirrors the state's ClusterIDSetting (set on open,
+	// restore and apply), so ClusterID, which every RPC's response header
+	// reads, never waits for mu behind an apply batch.
+	clusterID atomic.Pointer[string]
+	log       *slog.Logger
+	filters   *bloom.Filters
 	// checkScratch pools Check's *batchProbes.
 	checkScratch sync.Pool
 	// beforeScreen, if set (tests only), runs in Check between its read
@@ -215,6 +220,7 @@ func (f *FSM) open() error {
 	}
 	f.db = db
 	f.st = st
+	f.setClusterID(st.settings[ClusterIDSetting])
 	f.persisted = st.applied
 	f.loadFilters()
 	f.bg = startBackground(f)
