@@ -274,6 +274,7 @@ func statusPB(st cluster.Status) *dedupv1.StatusResponse {
 	b := st.FSM.Bloom
 	out := &dedupv1.StatusResponse{
 		NodeId:            st.NodeID,
+		ClusterId:         st.ClusterID,
 		State:             st.State,
 		LeaderId:          st.LeaderID,
 		LeaderGrpcAddr:    st.LeaderGRPCAddr,

@@ -51,6 +51,7 @@ var errorTable = []errorRule{
 	{fsm.ErrNamespaceNotFound, codes.NotFound, dedupv1.ReasonNamespaceNotFound, "create it first (dedupnode namespace create)", ""},
 	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
 	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
+	{cluster.ErrClusterMismatch, codes.FailedPrecondition, dedupv1.ReasonClusterMismatch, "nothing changed; a node keeps its cluster for life: to move it, remove it from its cluster, wipe its data dir and join it again", ""},
 	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or wait until it catches up ('dedupnode status --addr NODE' shows its applied index), or promote it with force (PromoteRequest.force, 'dedupnode promote --force')", ""},
 	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
 	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
@@ -126,6 +127,12 @@ func statusOf(err error, read bool) error {
 				info.Metadata[dedupv1.MetaPath] = low.Path
 				info.Metadata[dedupv1.MetaFreeBytes] = strconv.FormatUint(low.Free, 10)
 				info.Metadata[dedupv1.MetaMinFreeBytes] = strconv.FormatUint(low.MinFree, 10)
+			}
+			var mm *cluster.ClusterMismatchError
+			if errors.As(err, &mm) {
+				info.Metadata[dedupv1.MetaClusterID] = mm.Ours
+				info.Metadata[dedupv1.MetaPeerClusterID] = mm.Theirs
+				info.Metadata[dedupv1.MetaPeerAddr] = mm.Addr
 			}
 			var big *cluster.EntryTooLargeError
 			if errors.As(err, &big) {

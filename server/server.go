@@ -192,6 +192,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.cfg.Cluster.Progress = s.probeProgress
 	s.cfg.Cluster.RegionProbe = s.probeRegion
+	s.cfg.Cluster.ClusterIDProbe = s.probeClusterID
 	if s.node, err = cluster.New(s.cfg.Cluster); err != nil {
 		s.ln.Close()
 		return nil, err
@@ -203,12 +204,15 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	// The metrics interceptors come first, so calls that later interceptors
 	// (access control) refuse are counted too.
 	calls := append([]grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor()}, cfg.CallInterceptors...)
+	// The cluster ID header is set on every call, ahead of the others, so
+	// refused calls carry it too. It stays out of callChain: a carried
+	// call of a TransportStream has the stream's header.
 	s.callChain = chainUnary(calls)
 	s.initHandlers()
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(recv), grpc.MaxSendMsgSize(send),
 		grpc.ForceServerCodecV2(grpccodec.Codec{}),
-		grpc.ChainUnaryInterceptor(calls...),
-		grpc.ChainStreamInterceptor(s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{s.unaryClusterID}, calls...)...),
+		grpc.ChainStreamInterceptor(s.streamClusterID, s.metrics.StreamServerInterceptor())}, cfg.ServerOptions...)...)
 	dedupv1.RegisterDedupServer(s.grpc, s)
 	dedupv1.RegisterAdminServer(s.grpc, s)
 	dedupv1.RegisterInternalServer(s.grpc, s)
@@ -334,6 +338,8 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(send), grpc.MaxCallSendMsgSize(send), grpc.ForceCodecV2(grpccodec.Codec{})),
+		grpc.WithChainUnaryInterceptor(s.peerUnary(addr)),
+		grpc.WithChainStreamInterceptor(s.peerStream(addr)),
 	}, s.cfg.DialOptions...)
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
