@@ -72,7 +72,10 @@ func (c *Client) once(ctx context.Context, op, addr string, fn func(ctx context.
 	}
 	before := l.state()
 	actx, cancel := c.attemptCtx(ctx)
-	err = fn(actx, d)
+	err = c.vet(actx, addr, cc, l)
+	if err == nil {
+		err = fn(actx, d)
+	}
 	cancel()
 	if err == nil {
 		return nil

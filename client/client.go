@@ -52,6 +52,13 @@ type Client struct {
 	regions map[string]string
 	rtts    map[string]time.Duration
 	avoid   map[string]time.Time
+	// clusterID is the cluster the client talks to (WithClusterID, else
+	// the first node's); verified maps an address to the link's dial count
+	// when its node last answered with that ID; foreign holds the
+	// addresses whose node answered with another (clusterid.go).
+	clusterID string
+	verified  map[string]uint64
+	foreign   map[string]*ClusterMismatchError
 }
 
 // New returns a client for the cluster whose nodes listen on addrs
@@ -66,7 +73,8 @@ func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	c := &Client{opts: o, conns: map[string]*grpc.ClientConn{}, links: map[string]*link{},
-		regions: map[string]string{}, rtts: map[string]time.Duration{}, avoid: map[string]time.Time{}}
+		regions: map[string]string{}, rtts: map[string]time.Duration{}, avoid: map[string]time.Time{},
+		clusterID: o.clusterID, verified: map[string]uint64{}, foreign: map[string]*ClusterMismatchError{}}
 	for _, a := range addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return nil, fmt.Errorf("dedupnode client: address %q: want host:port: %w", a, err)
@@ -147,6 +155,8 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(l.dial),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes), grpc.ForceCodecV2(grpccodec.Codec{})),
+		grpc.WithChainUnaryInterceptor(c.unaryClusterCheck(addr)),
+		grpc.WithChainStreamInterceptor(c.streamClusterCheck(addr)),
 	}, c.opts.dialOpts...)
 	cc, err := grpc.NewClient(addr, dial...)
 	if err != nil {
@@ -199,7 +209,7 @@ func (c *Client) learn(from string, st *dedupv1.StatusResponse) {
 		if !slices.Contains(c.addrs, a) {
 			c.addrs = append(c.addrs, a)
 		}
-		if c.downLocked(a) {
+		if c.downLocked(a) || c.foreignLocked(a) {
 			return
 		}
 		if c.leader != a {
@@ -233,7 +243,7 @@ func (c *Client) discover(ctx context.Context) {
 	// dead leader is not dialled again on every discovery.
 	var addrs []string
 	for _, a := range c.addrs {
-		if !c.downLocked(a) {
+		if !c.downLocked(a) && !c.foreignLocked(a) {
 			addrs = append(addrs, a)
 		}
 	}
@@ -388,7 +398,7 @@ func (c *Client) pick(ctx context.Context, t target) (string, *grpc.ClientConn, 
 		// (all of them if every one does).
 		n := len(c.addrs)
 		for i := range n {
-			if !c.downLocked(c.addrs[(c.cursor+i)%n]) {
+			if a := c.addrs[(c.cursor+i)%n]; !c.downLocked(a) && !c.foreignLocked(a) {
 				c.cursor += i
 				break
 			}
@@ -462,7 +472,7 @@ func (c *Client) hint(err error) {
 			if !slices.Contains(c.addrs, a) {
 				c.addrs = append(c.addrs, a)
 			}
-			if !c.downLocked(a) {
+			if !c.downLocked(a) && !c.foreignLocked(a) {
 				c.leader = a
 			}
 			c.mu.Unlock()
@@ -526,7 +536,10 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 		if t == toLeaderStream {
 			actx, cancel = context.WithCancel(ctx)
 		}
-		err = fn(actx, cc)
+		err = c.vet(actx, addr, cc, l)
+		if err == nil {
+			err = fn(actx, cc)
+		}
 		cancel()
 		if err == nil {
 			if t != toAny {
@@ -568,6 +581,13 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 // attempt may have been applied (for writes).
 func (c *Client) classify(op, addr string, l *link, before linkState, err error) (*Error, bool) {
 	e := &Error{Op: op, Addr: addr, err: err}
+	var mm *ClusterMismatchError
+	if errors.As(err, &mm) {
+		// The answer was another cluster's: nothing of this cluster's
+		// changed.
+		e.Kind, e.Cause, e.Code, e.Message = ErrClusterMismatch, mm, codes.FailedPrecondition, mm.Error()
+		return e, false
+	}
 	decodeStatus(e, err)
 	if e.Reason != "" {
 		// A node answered: it says what happened.

@@ -184,7 +184,7 @@ func invalidArgument(op, field string, item int, violation string) *Error {
 // same however often the call is retried (bad credentials, TLS mismatch,
 // invalid input, a missing namespace, a wrong port).
 func Heals(err error) bool {
-	for _, k := range []error{ErrUnauthenticated, ErrPermissionDenied, ErrTLSMismatch, ErrNotGRPC,
+	for _, k := range []error{ErrUnauthenticated, ErrPermissionDenied, ErrTLSMismatch, ErrNotGRPC, ErrClusterMismatch,
 		ErrInvalidArgument, ErrTooLarge, ErrNamespaceNotFound, ErrNamespaceExists, ErrNodeNotFound, ErrUnsupported} {
 		if errors.Is(err, k) {
 			return false
@@ -237,6 +237,9 @@ func decodeStatus(e *Error, err error) {
 			if v, perr := strconv.Atoi(md[dedupv1.MetaItem]); perr == nil && v > 0 {
 				e.Item = v
 			}
+			if e.Reason == dedupv1.ReasonClusterMismatch {
+				e.Cause = &ClusterMismatchError{Addr: md[dedupv1.MetaPeerAddr], Want: md[dedupv1.MetaClusterID], Got: md[dedupv1.MetaPeerClusterID]}
+			}
 		case *errdetails.BadRequest:
 			if v := d.GetFieldViolations(); len(v) > 0 {
 				e.Field, e.Violation = v[0].GetField(), v[0].GetDescription()
@@ -264,6 +267,9 @@ func decodeStatus(e *Error, err error) {
 		return
 	case dedupv1.ReasonNotCaughtUp:
 		e.Kind = ErrNotCaughtUp
+		return
+	case dedupv1.ReasonClusterMismatch:
+		e.Kind = ErrClusterMismatch
 		return
 	case dedupv1.ReasonInvalidArgument:
 		e.Kind = ErrInvalidArgument

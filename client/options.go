@@ -41,6 +41,7 @@ type options struct {
 	maxStaleness time.Duration
 	region       string
 	pinned       bool
+	clusterID    string // WithClusterID
 }
 
 func defaultOptions() options {

@@ -410,6 +410,9 @@ type BloomStatus struct {
 // Status is one node's view of the cluster.
 type Status struct {
 	NodeID string `json:"node_id"`
+	// ClusterID is the cluster's ID as the node applied it, "" if it has
+	// not (or runs a version without cluster IDs).
+	ClusterID string `json:"cluster_id"`
 	// State is "leader", "follower", "candidate" or "shutdown".
 	State             string      `json:"state"`
 	LeaderID          string      `json:"leader_id"`
@@ -617,6 +620,7 @@ func (n Namespace) proto() *dedupv1.Namespace {
 func statusOf(s *dedupv1.StatusResponse) Status {
 	out := Status{
 		NodeID:                 s.GetNodeId(),
+		ClusterID:              s.GetClusterId(),
 		ReadReplica:            s.GetReadReplica(),
 		State:                  s.GetState(),
 		LeaderID:               s.GetLeaderId(),
