@@ -6,9 +6,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
@@ -98,8 +96,7 @@ func (c *Client) foreignLocked(addr string) bool {
 // broke)
 // is asked for its Status first, so no write reaches another cluster's
 // node that a stale address points to. Discovery's Status calls vet the
-// nodes it asks. Only a mismatch, or a failure to reach the node, fails
-// the attempt; other refusals are left to the call itself.
+// nodes it asks. Only a mismatch fails the attempt.
 func (c *Client) vet(ctx context.Context, addr string, cc *grpc.ClientConn, l *link) error {
 	c.mu.Lock()
 	if e := c.foreign[addr]; e != nil {
@@ -115,17 +112,12 @@ func (c *Client) vet(ctx context.Context, addr string, cc *grpc.ClientConn, l *l
 	}
 	_, err := dedupv1.NewAdminClient(cc).Status(ctx, &dedupv1.StatusRequest{})
 	var mm *ClusterMismatchError
-	switch {
-	case errors.As(err, &mm):
-		return err
-	case err != nil && transportCode(status.Code(err)):
+	if errors.As(err, &mm) {
 		return err
 	}
+	// Any other failure is the call's to meet (an unreachable node fails
+	// it the same way); its answer's header is checked all the same.
 	return nil
-}
-
-func transportCode(c codes.Code) bool {
-	return c == codes.Unavailable || c == codes.DeadlineExceeded || c == codes.Canceled
 }
 
 // unaryClusterCheck and streamClusterCheck check the cluster ID of every
