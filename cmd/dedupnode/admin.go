@@ -50,8 +50,9 @@ func newStatusCmd(e *env) *cobra.Command {
 its role, the leader, the Raft term and commit/applied indexes, the members
 with their suffrage (voter, nonvoter or replica), the number of IDs stored and the
 Bloom filter figures (memory, bits per ID, configured and observed
-false-positive rate). --output json prints one JSON object with node_id,
-state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
+false-positive rate), and the cluster's ID (which every client command
+checks: --cluster-id). --output json prints one JSON object with node_id,
+cluster_id, state, leader_id, leader_grpc_addr, term, commit_index, applied_index,
 members (id, raft_addr, grpc_addr, suffrage, leader, region, reachability,
 and unreachable_since, log_lag, last_error when set), ids_stored, bloom, and
 region and preferred_leader_regions when set.
@@ -233,6 +234,11 @@ func printStatus(w io.Writer, st client.Status) {
 		fmt.Fprintf(tw, "node\t%s (%s, read replica)\n", st.NodeID, st.State)
 	} else {
 		fmt.Fprintf(tw, "node\t%s (%s)\n", st.NodeID, st.State)
+	}
+	if st.ClusterID != "" {
+		fmt.Fprintf(tw, "cluster\t%s\n", st.ClusterID)
+	} else {
+		fmt.Fprintf(tw, "cluster\t(no ID applied yet)\n")
 	}
 	if st.Region != "" || len(st.PreferredLeaderRegions) > 0 {
 		region, pref := st.Region, strings.Join(st.PreferredLeaderRegions, ",")

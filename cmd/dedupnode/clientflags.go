@@ -32,6 +32,8 @@ type clientFlags struct {
 	tlsKey  string
 	token   string
 	region  string
+	// clusterID is --cluster-id: the only cluster the command may use.
+	clusterID string
 
 	// unresolved are the --addr entries whose host name did not resolve
 	// while others did (resolve).
@@ -100,7 +102,7 @@ func tlsHint(err error) string {
 // --fencing-token, --digest, --request-token, a namespace's settings) never
 // do: a variable left in a shell would silently change later writes.
 // clientEnvHelp says the same in --help.
-var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "timeout", "output",
+var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "cluster-id", "timeout", "output",
 	"namespace", "batch", "consistency", "max-staleness"}
 
 // clientEnvHelp is the --help paragraph on DEDUPNODE_* for client commands.
@@ -143,6 +145,7 @@ func (f *clientFlags) registerConn(cmd *cobra.Command) {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` (PEM) of --tls-cert (env DEDUPNODE_TLS_KEY)")
 	fs.StringVar(&f.token, "token", "", "access `TOKEN` for clusters run with --auth-file; prefer env DEDUPNODE_TOKEN, which other users cannot see in the process list")
 	fs.StringVar(&f.region, "region", "", "the `REGION` this command runs in (a node's serve --region): checks go to a node of that region, writes to the leader (env DEDUPNODE_REGION)")
+	fs.StringVar(&f.clusterID, "cluster-id", "", "talk only to nodes of the cluster with this `ID` ('dedupnode status' shows it); without it, the first node that answers names the cluster. A node of another cluster fails the command (env DEDUPNODE_CLUSTER_ID)")
 }
 
 func (f *clientFlags) validate(cmd *cobra.Command) error {
@@ -241,6 +244,9 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	}, conn...)
 	if f.region != "" {
 		opts = append(opts, client.WithRegion(f.region))
+	}
+	if f.clusterID != "" {
+		opts = append(opts, client.WithClusterID(f.clusterID))
 	}
 	c, err := client.New(dctx, f.addrs, opts...)
 	if err == nil && c.Leader() != "" {
@@ -407,6 +413,18 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 			what = "the cluster requires a token and none was given"
 		}
 		return &opError{err: fmt.Errorf("not authenticated: %s", what), hint: "pass a token the cluster's auth file lists, with --token or DEDUPNODE_TOKEN"}
+	case client.ErrClusterMismatch:
+		var mm *client.ClusterMismatchError
+		if !errors.As(err, &mm) {
+			break
+		}
+		if e.Reason != "" {
+			// A node refused a peer (join): the cluster at --addr is Want.
+			return &opError{err: fmt.Errorf("cluster mismatch: the node at %s belongs to cluster %s, not to cluster %s at %s; nothing changed", mm.Addr, mm.Got, mm.Want, addrs),
+				hint: "a node keeps its cluster for life: remove it from its cluster and wipe its data dir before joining it to another"}
+		}
+		return &opError{err: fmt.Errorf("cluster mismatch: the node at %s belongs to cluster %s, not to cluster %s; refused to use it", mm.Addr, mm.Got, mm.Want),
+			hint: "check --addr (a stale address of another cluster?), or --cluster-id / DEDUPNODE_CLUSTER_ID if you meant that cluster"}
 	case client.ErrPermissionDenied:
 		return &opError{err: fmt.Errorf("permission denied: %s", msg), hint: "use a token with that right, or ask an admin to grant it in the auth file"}
 	case client.ErrTLSMismatch:
