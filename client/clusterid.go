@@ -96,7 +96,7 @@ func (c *Client) foreignLocked(addr string) bool {
 // broke)
 // is asked for its Status first, so no write reaches another cluster's
 // node that a stale address points to. Discovery's Status calls vet the
-// nodes it asks. Only a mismatch fails the attempt.
+// nodes it asks. Only a mismatch, or a refused dial, fails the attempt.
 func (c *Client) vet(ctx context.Context, addr string, cc *grpc.ClientConn, l *link) error {
 	c.mu.Lock()
 	if e := c.foreign[addr]; e != nil {
@@ -112,11 +112,13 @@ func (c *Client) vet(ctx context.Context, addr string, cc *grpc.ClientConn, l *l
 	}
 	_, err := dedupv1.NewAdminClient(cc).Status(ctx, &dedupv1.StatusRequest{})
 	var mm *ClusterMismatchError
-	if errors.As(err, &mm) {
+	if errors.As(err, &mm) || (err != nil && l.down()) {
+		// A mismatch; or nothing accepts connections at addr, which the
+		// call would only dial again to learn.
 		return err
 	}
-	// Any other failure is the call's to meet (an unreachable node fails
-	// it the same way); its answer's header is checked all the same.
+	// Any other failure is the call's to meet; its answer's header is
+	// checked all the same.
 	return nil
 }
 
