@@ -64,6 +64,12 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 			return &fsm.InvalidError{Field: "read_replica", Reason: fmt.Sprintf("node %q is a voter of this cluster; remove it (and wipe its data dir) to rejoin it as a read replica", id)}
 		}
 	}
+	if !member {
+		// Before anything is proposed: a refused node leaves no trace.
+		if err := n.checkJoinee(ctx, id, grpcAddr); err != nil {
+			return err
+		}
+	}
 	if replica && n.fsm.NodeRole(id) != fsm.RoleReplica {
 		res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNodeRole, Node: fsm.NodeInfo{ID: id, Role: fsm.RoleReplica}}})
 		if err != nil {
@@ -77,9 +83,6 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 		return &fsm.InvalidError{Field: "node_id", Reason: fmt.Sprintf("node %q was removed from this cluster, and a removed ID is never admitted again (its old data dir could come back and vote as the new node); join with a new --node-id and an empty data dir", id)}
 	}
 	if !member {
-		if err := n.checkJoinee(ctx, id, grpcAddr); err != nil {
-			return err
-		}
 		if err := waitFuture(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout)); err != nil {
 			return n.mapConfigError(err)
 		}

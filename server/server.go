@@ -392,7 +392,7 @@ func (s *Server) probeRegion(ctx context.Context, id, grpcAddr string) (string, 
 
 // join calls Admin.Join on the configured members in turn until one
 // succeeds, backing off between rounds, bounded by ctx. A refusal
-// (INVALID_ARGUMENT) ends it at once.
+// (INVALID_ARGUMENT, CLUSTER_MISMATCH) ends it at once.
 func (s *Server) join(ctx context.Context) error {
 	req := &dedupv1.JoinRequest{NodeId: s.node.ID(), RaftAddr: s.node.RaftAddr(), GrpcAddr: s.GRPCAddr(), ReadReplica: s.cfg.ReadReplica}
 	backoff := 100 * time.Millisecond
@@ -414,9 +414,10 @@ func (s *Server) join(ctx context.Context) error {
 				s.log.Info("joined cluster", "via", addr)
 				return nil
 			}
-			if status.Code(err) == codes.InvalidArgument {
+			if status.Code(err) == codes.InvalidArgument || reasonOf(err) == dedupv1.ReasonClusterMismatch {
 				// The cluster refused this node (a retired ID, a voter
-				// asking to be a replica): asking again cannot help.
+				// asking to be a replica, another cluster's data dir):
+				// asking again cannot help.
 				return fmt.Errorf("join via %s: %w", addr, err)
 			}
 			last = fmt.Errorf("join via %s: %w", addr, err)
