@@ -238,7 +238,7 @@ func printStatus(w io.Writer, st client.Status) {
 	if st.ClusterID != "" {
 		fmt.Fprintf(tw, "cluster\t%s\n", st.ClusterID)
 	} else {
-		fmt.Fprintf(tw, "cluster\t(no ID applied yet)\n")
+		fmt.Fprintf(tw, "cluster\t(not applied on this node yet)\n")
 	}
 	if st.Region != "" || len(st.PreferredLeaderRegions) > 0 {
 		region, pref := st.Region, strings.Join(st.PreferredLeaderRegions, ",")
