@@ -13,6 +13,7 @@ import (
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/internal/grpccodec"
+	"github.com/dedupnode/dedupnode/internal/headercheck"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -155,8 +156,8 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(l.dial),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvBytes), grpc.ForceCodecV2(grpccodec.Codec{})),
-		grpc.WithChainUnaryInterceptor(c.unaryClusterCheck(addr)),
-		grpc.WithChainStreamInterceptor(c.streamClusterCheck(addr)),
+		grpc.WithChainUnaryInterceptor(headercheck.Unary(c.checkCluster(addr))),
+		grpc.WithChainStreamInterceptor(headercheck.Stream(c.checkCluster(addr))),
 	}, c.opts.dialOpts...)
 	cc, err := grpc.NewClient(addr, dial...)
 	if err != nil {

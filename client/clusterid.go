@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
+	"github.com/dedupnode/dedupnode/internal/headercheck"
 )
 
 // ErrClusterMismatch: a node answered with another cluster's ID than the
@@ -122,52 +123,9 @@ func (c *Client) vet(ctx context.Context, addr string, cc *grpc.ClientConn, l *l
 	return nil
 }
 
-// unaryClusterCheck and streamClusterCheck check the cluster ID of every
-// answer from addr (observe). A mismatched answer is replaced by the
-// *ClusterMismatchError: it is another cluster's.
-func (c *Client) unaryClusterCheck(addr string) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		var md metadata.MD
-		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&md))...)
-		if merr := c.observe(addr, md); merr != nil {
-			return merr
-		}
-		return err
-	}
-}
-
-func (c *Client) streamClusterCheck(addr string) grpc.StreamClientInterceptor {
-	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return &checkedStream{ClientStream: cs, c: c, addr: addr}, nil
-	}
-}
-
-// checkedStream checks the header once, with the first message received
-// (it has arrived by then; nodes send it as the stream opens).
-type checkedStream struct {
-	grpc.ClientStream
-	c       *Client
-	addr    string
-	checked bool
-	err     error
-}
-
-func (s *checkedStream) RecvMsg(m any) error {
-	if s.err != nil {
-		return s.err
-	}
-	err := s.ClientStream.RecvMsg(m)
-	if !s.checked {
-		s.checked = true
-		if md, herr := s.ClientStream.Header(); herr == nil {
-			if s.err = s.c.observe(s.addr, md); s.err != nil {
-				return s.err
-			}
-		}
-	}
-	return err
+// checkCluster is the connection to addr's header check (observe): a
+// mismatched answer is replaced by the *ClusterMismatchError, it is
+// another cluster's.
+func (c *Client) checkCluster(addr string) headercheck.Check {
+	return func(md metadata.MD) error { return c.observe(addr, md) }
 }

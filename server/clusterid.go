@@ -60,52 +60,6 @@ func (s *Server) checkPeer(addr string, md metadata.MD) error {
 	return &cluster.ClusterMismatchError{Ours: ours, Theirs: v[0], Addr: addr}
 }
 
-// peerUnary and peerStream check the cluster ID of every answer on this
-// node's own connections to peers: a forward to, or a read index from, a
-// node of another cluster fails with *cluster.ClusterMismatchError instead
-// of passing its answer off as this cluster's.
-func (s *Server) peerUnary(addr string) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		var md metadata.MD
-		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&md))...)
-		if merr := s.checkPeer(addr, md); merr != nil {
-			return merr
-		}
-		return err
-	}
-}
-
-func (s *Server) peerStream(addr string) grpc.StreamClientInterceptor {
-	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return &peerStream{ClientStream: cs, check: func(md metadata.MD) error { return s.checkPeer(addr, md) }}, nil
-	}
-}
-
-// peerStream checks the header once, at the first message received (the
-// header has arrived by then).
-type peerStream struct {
-	grpc.ClientStream
-	check   func(metadata.MD) error
-	checked bool
-}
-
-func (p *peerStream) RecvMsg(m any) error {
-	err := p.ClientStream.RecvMsg(m)
-	if !p.checked {
-		p.checked = true
-		if md, herr := p.ClientStream.Header(); herr == nil {
-			if merr := p.check(md); merr != nil {
-				return merr
-			}
-		}
-	}
-	return err
-}
-
 // probeClusterID is the cluster's join probe: the joining node's cluster
 // ID from its Admin.Status (checked by peerUnary on the way: a mismatch
 // comes back as *cluster.ClusterMismatchError).

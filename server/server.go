@@ -29,6 +29,7 @@ import (
 	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/dedupnode/dedupnode/internal/grpccodec"
+	"github.com/dedupnode/dedupnode/internal/headercheck"
 	"github.com/dedupnode/dedupnode/metrics"
 )
 
@@ -338,8 +339,9 @@ func (s *Server) conn(addr string) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(send), grpc.MaxCallSendMsgSize(send), grpc.ForceCodecV2(grpccodec.Codec{})),
-		grpc.WithChainUnaryInterceptor(s.peerUnary(addr)),
-		grpc.WithChainStreamInterceptor(s.peerStream(addr)),
+		// Answers from a node of another cluster are refused (checkPeer).
+		grpc.WithChainUnaryInterceptor(headercheck.Unary(func(md metadata.MD) error { return s.checkPeer(addr, md) })),
+		grpc.WithChainStreamInterceptor(headercheck.Stream(func(md metadata.MD) error { return s.checkPeer(addr, md) })),
 	}, s.cfg.DialOptions...)
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
