@@ -101,23 +101,11 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // StatusOf returns the view of the node at addr (host:port) with a single
 // attempt: no retries, no redirection. Use it to watch one node.
 func (c *Client) StatusOf(ctx context.Context, addr string) (Status, error) {
-	cc, err := c.conn(addr)
+	resp, err := onceAt(c, ctx, "status", addr, func(ctx context.Context, cc *grpc.ClientConn) (*dedupv1.StatusResponse, error) {
+		return dedupv1.NewAdminClient(cc).Status(ctx, &dedupv1.StatusRequest{})
+	})
 	if err != nil {
 		return Status{}, err
-	}
-	c.mu.Lock()
-	l := c.linkLocked(addr)
-	c.mu.Unlock()
-	before := l.state()
-	actx, cancel := c.attemptCtx(ctx)
-	defer cancel()
-	resp, err := dedupv1.NewAdminClient(cc).Status(actx, &dedupv1.StatusRequest{})
-	if err != nil {
-		e, _ := c.classify("status", addr, l, before, err)
-		if ctx.Err() != nil {
-			e.ctxErr = ctx.Err()
-		}
-		return Status{}, c.finish(e, 1, false)
 	}
 	c.learn(addr, resp)
 	return statusOf(resp), nil

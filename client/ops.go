@@ -228,25 +228,9 @@ func (c *Client) RaiseFenceEpoch(ctx context.Context, atLeast uint64) (uint64, e
 // whole state and the applied index it covers, with a single attempt: no
 // retries, no redirection (a digest is about that replica).
 func (c *Client) DigestOf(ctx context.Context, addr string) (*dedupv1.DigestResponse, error) {
-	cc, err := c.conn(addr)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	l := c.linkLocked(addr)
-	c.mu.Unlock()
-	before := l.state()
-	actx, cancel := c.attemptCtx(ctx)
-	defer cancel()
-	resp, err := dedupv1.NewOpsClient(cc).Digest(actx, &dedupv1.DigestRequest{})
-	if err != nil {
-		e, _ := c.classify("digest", addr, l, before, err)
-		if ctx.Err() != nil {
-			e.ctxErr = ctx.Err()
-		}
-		return nil, c.finish(e, 1, false)
-	}
-	return resp, nil
+	return onceAt(c, ctx, "digest", addr, func(ctx context.Context, cc *grpc.ClientConn) (*dedupv1.DigestResponse, error) {
+		return dedupv1.NewOpsClient(cc).Digest(ctx, &dedupv1.DigestRequest{})
+	})
 }
 
 // stream runs a streaming call with invoke's retries, but no retry once
