@@ -778,9 +778,10 @@ func TestOversizedRequest_RefusedBeforeProposing(t *testing.T) {
 
 // Input 1, follower side: a follower's disk fills (another writer took the
 // space) while the leader keeps taking writes. The follower must not panic
-// nor apply half a batch: it pauses applying, reports NOT_SERVING, the
-// others keep committing, and once space is freed it catches up by itself
-// with every acknowledged ID.
+// nor apply half a batch: it pauses applying or stops taking entries
+// (whichever guard it meets first), reports NOT_SERVING, the others keep
+// committing, and once space is freed it catches up by itself with every
+// acknowledged ID.
 func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
 	needRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -825,13 +826,25 @@ func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
 		for _, it := range items {
 			acked = append(acked, it.Id)
 		}
-		if st, err := nodeStatus(ctx, conns["n3"]); err == nil && st.GetDisk().GetApplyPaused() {
+		// Either guard may stop n3 first: applying pauses at the reserve,
+		// and below the floor (reserve + one log segment) plus the entries
+		// n3 refuses them, so it never applies up to the reserve. Either
+		// way it falls behind; each batch here is one committed entry, so
+		// 50 behind is no follower's ordinary lag.
+		st3, err3 := nodeStatus(ctx, conns["n3"])
+		st1, err1 := nodeStatus(ctx, conns["n1"])
+		switch {
+		case err3 != nil || err1 != nil:
+		case st3.GetDisk().GetApplyPaused():
 			paused = true
-			t.Logf("n3 paused applying after %d IDs: %d bytes free, reserve %d; health %q", len(acked), st.Disk.FreeBytes, st.Disk.ReserveBytes, st.HealthReason)
+			t.Logf("n3 paused applying after %d IDs: %d bytes free, reserve %d; health %q", len(acked), st3.Disk.FreeBytes, st3.Disk.ReserveBytes, st3.HealthReason)
+		case st3.AppliedIndex+50 < st1.CommitIndex:
+			paused = true
+			t.Logf("n3 stopped taking entries after %d IDs: applied %d of %d, %d bytes free, reserve %d", len(acked), st3.AppliedIndex, st1.CommitIndex, st3.Disk.FreeBytes, st3.Disk.ReserveBytes)
 		}
 	}
 	if !paused {
-		t.Fatalf("n3 never paused applying (%d IDs, %d bytes free)", len(acked), freeBytes(t, fs))
+		t.Fatalf("n3 neither paused applying nor fell behind (%d IDs, %d bytes free)", len(acked), freeBytes(t, fs))
 	}
 	// Now the disk fills completely: n3's Raft log appends fail too. The
 	// others go on committing while n3 is paused.
