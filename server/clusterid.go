@@ -17,6 +17,14 @@ import (
 // every answer this node gets from a peer (a forwarded call, a read index,
 // a probe) is checked against it.
 
+// cachedIDHeader is the response header naming a cluster, built once per
+// ID: every answer carries it, and grpc copies it into the call's own
+// header (metadata.Join), so one map serves every call read-only.
+type cachedIDHeader struct {
+	id string
+	md metadata.MD
+}
+
 // clusterIDHeader returns the response header naming this node's cluster,
 // nil while the node has not applied its ID.
 func (s *Server) clusterIDHeader() metadata.MD {
@@ -24,7 +32,12 @@ func (s *Server) clusterIDHeader() metadata.MD {
 	if id == "" {
 		return nil
 	}
-	return metadata.Pairs(dedupv1.HeaderClusterID, id)
+	if h := s.idHeader.Load(); h != nil && h.id == id {
+		return h.md
+	}
+	h := &cachedIDHeader{id: id, md: metadata.Pairs(dedupv1.HeaderClusterID, id)}
+	s.idHeader.Store(h)
+	return h.md
 }
 
 // unaryClusterID sets the header before the handler runs, so errors carry

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -101,13 +102,15 @@ type Server struct {
 	dedupv1.UnimplementedAdminServer
 	dedupv1.UnimplementedInternalServer
 
-	cfg    Config
-	log    *slog.Logger
-	node   *cluster.Node
-	grpc   *grpc.Server
-	ln     net.Listener
-	health *health.Server
-	lim    fsm.Limits
+	cfg Config
+	log *slog.Logger
+	// idHeader caches the cluster-ID response header (clusterIDHeader).
+	idHeader atomic.Pointer[cachedIDHeader]
+	node     *cluster.Node
+	grpc     *grpc.Server
+	ln       net.Listener
+	health   *health.Server
+	lim      fsm.Limits
 
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
