@@ -787,7 +787,9 @@ func TestDiskFull_FollowerPausesApplyingThenCatchesUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bin := buildBinary(t)
-	fs := mountTmpfs(t, 64<<20)
+	// 96 MiB: after catching up n3 may hold a new 16 MiB raft-wal segment,
+	// and must still have its --min-free-disk (32 MiB) free to be healthy.
+	fs := mountTmpfs(t, 96<<20)
 	ballast := filepath.Join(fs, "ballast")
 	cl := newPeersCluster(t, bin, 3)
 	n3 := cl.nodes[2]
