@@ -127,6 +127,7 @@ func statusOf(err error, read bool) error {
 				info.Metadata[dedupv1.MetaPath] = low.Path
 				info.Metadata[dedupv1.MetaFreeBytes] = strconv.FormatUint(low.Free, 10)
 				info.Metadata[dedupv1.MetaMinFreeBytes] = strconv.FormatUint(low.MinFree, 10)
+				info.Metadata[dedupv1.MetaResumeFreeBytes] = strconv.FormatUint(low.ResumeFree, 10)
 			}
 			var mm *cluster.ClusterMismatchError
 			if errors.As(err, &mm) {

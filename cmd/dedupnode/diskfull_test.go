@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
 
@@ -71,6 +75,29 @@ func TestMinFreeDiskRefusalIsWhatHelpSays(t *testing.T) {
 	_, err := c.Mark(ctx, "", []client.Item{{ID: []byte("x")}}, 0)
 	if e := client.AsError(err); !errors.Is(err, client.ErrDiskFull) || status.Code(err) != codes.ResourceExhausted || e.Reason != "DISK_FULL" {
 		t.Fatalf("mark below --min-free-disk: %v, want client.ErrDiskFull, RESOURCE_EXHAUSTED, reason DISK_FULL", err)
+	}
+	// The ErrorInfo carries every figure a client reports, as decimal
+	// byte counts: the threshold, the free space and where writes resume.
+	var info *errdetails.ErrorInfo
+	if st, ok := status.FromError(err); ok {
+		for _, d := range st.Details() {
+			if i, ok := d.(*errdetails.ErrorInfo); ok {
+				info = i
+			}
+		}
+	}
+	const minFree = uint64(1000000) << 30
+	want := map[string]string{
+		dedupv1.MetaMinFreeBytes:    strconv.FormatUint(minFree, 10),
+		dedupv1.MetaResumeFreeBytes: strconv.FormatUint(diskspace.ResumeAt(minFree), 10),
+	}
+	for k, v := range want {
+		if info == nil || info.Metadata[k] != v {
+			t.Errorf("DISK_FULL metadata %s: got %v, want %q", k, info, v)
+		}
+	}
+	if free, perr := strconv.ParseUint(info.GetMetadata()[dedupv1.MetaFreeBytes], 10, 64); perr != nil || free >= minFree {
+		t.Errorf("DISK_FULL metadata %s: got %v, want a byte count below %d", dedupv1.MetaFreeBytes, info, minFree)
 	}
 	if _, err := c.Check(ctx, "", [][]byte{[]byte("x")}, client.Linearizable); err != nil {
 		t.Fatalf("check below --min-free-disk: %v, want it served", err)

@@ -41,8 +41,9 @@ const (
 	ReasonWriteTimeout = "WRITE_TIMEOUT"
 	// ReasonDiskFull (RESOURCE_EXHAUSTED): the leader's data directory has
 	// less free space than its --min-free-disk; nothing was written.
-	// Metadata: MetaPath, MetaFreeBytes, MetaMinFreeBytes. Writes resume by
-	// themselves once space is freed; reads are still served.
+	// Metadata: MetaPath, MetaFreeBytes, MetaMinFreeBytes,
+	// MetaResumeFreeBytes. Writes resume by themselves once free space is
+	// back above MetaResumeFreeBytes; reads are still served.
 	ReasonDiskFull = "DISK_FULL"
 	// ReasonEntryTooLarge (RESOURCE_EXHAUSTED): the request is larger than
 	// one Raft entry may be (--max-entry-bytes); nothing was written.
@@ -75,9 +76,13 @@ const (
 	MetaItem = "item"
 	// MetaPath, MetaFreeBytes and MetaMinFreeBytes: the data directory
 	// that is short of space, its free bytes and the threshold (DISK_FULL).
-	MetaPath         = "path"
-	MetaFreeBytes    = "free_bytes"
-	MetaMinFreeBytes = "min_free_bytes"
+	// MetaResumeFreeBytes is the free space at which writes resume: the
+	// threshold plus a margin of 1/16 of it, so a node at the edge does not
+	// flap. All three are decimal byte counts.
+	MetaPath            = "path"
+	MetaFreeBytes       = "free_bytes"
+	MetaMinFreeBytes    = "min_free_bytes"
+	MetaResumeFreeBytes = "resume_free_bytes"
 	// MetaBytes and MetaMaxBytes: a request's encoded size and the entry
 	// limit (ENTRY_TOO_LARGE).
 	MetaBytes    = "bytes"
