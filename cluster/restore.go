@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dedupnode/dedupnode/fsm"
+	"github.com/dedupnode/dedupnode/internal/diskspace"
 )
 
 // keyCurrentTerm is hashicorp/raft's stable-store key for the current term.
@@ -50,6 +51,38 @@ var keyCurrentTerm = []byte("CurrentTerm")
 // SeedFromBackupStore picks another.
 func SeedFromBackup(dataDir, nodeID, raftAddr string, backup io.Reader, logger *slog.Logger) (SeedResult, error) {
 	return SeedFromBackupAt(dataDir, nodeID, raftAddr, backup, logger, time.Now())
+}
+
+// SeedRoom refuses to seed dataDir from a backup of backupBytes unless its
+// filesystem has room for what seeding writes and for the node started on
+// it afterwards: the ID store and the Raft snapshot of the seeded state
+// (about backupBytes each) plus minFree, the free space the node will keep
+// (serve --min-free-disk; 0: the automatic threshold the node will have,
+// 64 MiB plus twice the restored store, at least twice the apply reserve
+// of memtable), never less than MinFreeDiskFloor(memtable, store), without
+// which the node does not start. It returns a *diskspace.RoomError
+// (matching ErrLowDiskSpace) naming each part. Call it before
+// SeedFromBackup: a seed the volume cannot hold otherwise fails part way,
+// after writing most of it.
+func SeedRoom(dataDir string, backupBytes, minFree, memtable uint64, store LogStore) error {
+	reserve, what := minFree, "the --min-free-disk"
+	if minFree == 0 {
+		reserve, what = max(autoMinFreeBase+2*backupBytes, 2*DiskReserve(memtable)), "the automatic --min-free-disk (64 MiB + twice the store)"
+	}
+	if floor := MinFreeDiskFloor(memtable, store); reserve < floor {
+		reserve, what = floor, "the floor a node needs to start"
+	}
+	need := 2*backupBytes + reserve
+	free, _, _, err := diskspace.FreeNearest(dataDir)
+	if err != nil {
+		return fmt.Errorf("measure free space of data dir %s: %w", dataDir, err)
+	}
+	if free >= need {
+		return nil
+	}
+	return &diskspace.RoomError{Path: dataDir, Op: "restoring a backup of " + diskspace.Bytes(backupBytes), Free: free, Need: need,
+		Parts: "ID store " + diskspace.Bytes(backupBytes) + " + Raft snapshot " + diskspace.Bytes(backupBytes) + " + reserve " + diskspace.Bytes(reserve) + ", " + what,
+		Fix:   "nothing was written; restore onto a larger volume or free space (a lower --min-free-disk, the one the node will be served with, lowers the reserve)"}
 }
 
 // SeedResult describes a data dir seeded from a backup.

@@ -153,7 +153,7 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 }
 
 func newRestoreCmd(e *env) *cobra.Command {
-	var from, nodeID, dataDir, raftAddr, logStore string
+	var from, nodeID, dataDir, raftAddr, logStore, minFreeDisk string
 	cmd := &cobra.Command{
 		Use:   "restore --from FILE --node-id ID --data-dir DIR --raft-addr HOST:PORT",
 		Short: "Seed a new cluster's first node from a backup (offline)",
@@ -166,6 +166,11 @@ many it skipped as expired (they answer as absent and their space is
 reclaimed at the first writes). The new cluster's fencing epoch is one past
 the backup's, so its fencing tokens exceed every token the source cluster
 can still grant (docs/OPERATIONS.md, Fencing tokens).
+
+Before writing anything it compares the free space of --data-dir's volume
+with what the node will hold (the ID store and a Raft snapshot, each about
+the backup's size) plus the --min-free-disk it will be served with, and
+refuses at once when they do not fit.
 
 Then start the node with 'serve' and the same --node-id, --data-dir and
 --raft-addr, and without --bootstrap, --peers or --join; start the other
@@ -186,11 +191,24 @@ the node table until you 'remove' them.`,
 			if err != nil || logStore == "" {
 				return usagef("--raft-log-store %q: want wal or boltdb", logStore)
 			}
+			var minFree int64
+			if minFreeDisk != "auto" && minFreeDisk != "" {
+				if minFree, err = parseByteSize(minFreeDisk); err != nil || minFree <= 0 {
+					return usagef("--min-free-disk %q: want a size such as 512MiB or 2GiB, or auto", minFreeDisk)
+				}
+			}
 			in, err := os.Open(from)
 			if err != nil {
 				return &opError{err: err, hint: "check --from"}
 			}
 			defer in.Close()
+			fi, err := in.Stat()
+			if err != nil {
+				return &opError{err: err, hint: "check --from"}
+			}
+			if err := cluster.SeedRoom(dataDir, uint64(max(fi.Size(), 0)), uint64(minFree), uint64(autoMemtable(dataDir)), store); err != nil {
+				return &opError{err: err}
+			}
 			res, err := cluster.SeedFromBackupStore(dataDir, nodeID, raftAddr, store, in, nil, time.Now())
 			if err != nil {
 				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
@@ -210,6 +228,7 @@ the node table until you 'remove' them.`,
 	fs.StringVar(&dataDir, "data-dir", "", "empty `DIR` to seed")
 	fs.StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` the node will serve on, as the other nodes reach it")
 	fs.StringVar(&logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` the node will be served with (serve --raft-log-store): wal or boltdb")
+	fs.StringVar(&minFreeDisk, "min-free-disk", "auto", "free space (`SIZE`, e.g. 1GiB) the node will be served with (serve --min-free-disk): restore refuses at once unless the volume has it free beyond the ID store and the Raft snapshot it writes; \"auto\": what serve's automatic threshold will be, 64MiB plus twice the restored store")
 	return cmd
 }
 
