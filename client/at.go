@@ -15,7 +15,7 @@ import (
 // measure single calls (dedupnode bench) and choose the node of each call
 // themselves; applications want the routed, retried calls.
 //
-// The attempt is bounded by the attempt timeout (WithTimeout) and ctx, and
+// The attempt is bounded by the attempt timeout (WithAttemptTimeout) and ctx, and
 // goes over the client's transport: a unary RPC, or a message on the
 // node's Pipeline with WithTransport(TransportStream). A node that is not
 // the leader forwards writes and linearizable reads to it itself. Writes
@@ -71,7 +71,7 @@ func (c *Client) once(ctx context.Context, op, addr string, fn func(ctx context.
 		return err
 	}
 	before := l.state()
-	actx, cancel := c.attemptCtx(ctx)
+	actx, cancel := c.attemptCtx(ctx, op)
 	err = c.vet(actx, addr, cc, l)
 	if err == nil {
 		err = fn(actx, d)

@@ -444,11 +444,30 @@ func (b *Batcher) rpc(ctx context.Context, key groupKey, calls []*call) ([]Resul
 	return nil, errors.New("dedupnode batcher: unknown operation")
 }
 
-// batchContext returns a context for a batch shared by calls: it carries
-// no deadline of its own (the client's attempt timeout and retry policy
-// bound the RPC) and is cancelled once every caller's context has ended.
+// batchContext returns a context for a batch shared by calls: its
+// deadline is the latest of the callers' when each has one (so that the
+// client sizes the batch's attempts as it would a caller's own call's:
+// WithAttemptTimeout), none otherwise, and it is cancelled once every
+// caller's context has ended.
 func batchContext(calls []*call) (context.Context, func()) {
+	var latest time.Time
+	for _, cl := range calls {
+		dl, ok := cl.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if !latest.IsZero() {
+		var cancelDl context.CancelFunc
+		ctx, cancelDl = context.WithDeadline(ctx, latest)
+		stop := cancel
+		cancel = func() { cancelDl(); stop() }
+	}
 	left := atomic.Int64{}
 	left.Store(int64(len(calls)))
 	stops := make([]func() bool, len(calls))

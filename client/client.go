@@ -259,7 +259,7 @@ func (c *Client) discover(ctx context.Context) {
 		close(done)
 	}()
 
-	dctx, cancel := c.attemptCtx(ctx)
+	dctx, cancel := c.attemptCtx(ctx, "status")
 	defer cancel()
 	type answer struct {
 		from string
@@ -433,11 +433,54 @@ func (c *Client) failed(addr string) {
 	}
 }
 
-func (c *Client) attemptCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.opts.timeout > 0 {
-		return context.WithTimeout(ctx, c.opts.timeout)
+// attemptCtx bounds one attempt of op under ctx by the attempt timeout
+// (attemptTimeout).
+func (c *Client) attemptCtx(ctx context.Context, op string) (context.Context, context.CancelFunc) {
+	if d := c.attemptTimeout(ctx, op); d > 0 {
+		return context.WithTimeout(ctx, d)
 	}
 	return context.WithCancel(ctx)
+}
+
+// unsafeRepeats are the calls a repeat does not answer as the first did
+// (a second create answers AlreadyExists, a second delete or remove
+// NotFound, a second transfer moves leadership again): their attempts are
+// not cut short by the automatic attempt timeout.
+var unsafeRepeats = map[string]bool{
+	"create namespace": true, "delete namespace": true, "remove": true, "promote": true, "transfer leadership": true,
+}
+
+// unsafeAttemptTimeout bounds an attempt of an unsafeRepeats call under
+// the automatic attempt timeout (the attempt timeout of old).
+const unsafeAttemptTimeout = 10 * time.Second
+
+// attemptTimeout is how long an attempt of op started now under ctx may
+// go unanswered before it is abandoned (and retried while ctx lasts); 0:
+// ctx alone bounds it. See WithAttemptTimeout.
+func (c *Client) attemptTimeout(ctx context.Context, op string) time.Duration {
+	if !c.opts.autoTimeout {
+		return c.opts.timeout
+	}
+	if unsafeRepeats[op] {
+		return unsafeAttemptTimeout
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return DefaultAttemptTimeout
+	}
+	return autoAttemptTimeout(time.Until(dl))
+}
+
+// autoAttemptTimeout is the automatic attempt timeout with left before the
+// caller's deadline: a third of it within [MinAttemptTimeout,
+// DefaultAttemptTimeout], or 0 (all of it) when the attempt would leave
+// less than MinAttemptTimeout for another.
+func autoAttemptTimeout(left time.Duration) time.Duration {
+	d := min(max(left/3, MinAttemptTimeout), DefaultAttemptTimeout)
+	if left-d < MinAttemptTimeout {
+		return 0
+	}
+	return d
 }
 
 // retryable says whether an attempt that failed with err may be tried again
@@ -533,9 +576,14 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 			return err
 		}
 		before := l.state()
-		actx, cancel := c.attemptCtx(ctx)
+		var (
+			actx   context.Context
+			cancel context.CancelFunc
+		)
 		if t == toLeaderStream {
 			actx, cancel = context.WithCancel(ctx)
+		} else {
+			actx, cancel = c.attemptCtx(ctx, op)
 		}
 		err = c.vet(actx, addr, cc, l)
 		if err == nil {

@@ -31,6 +31,16 @@
 // exponential backoff and jitter until they succeed, the attempts run out
 // ([WithRetry]) or the caller's context ends.
 //
+// An attempt that a node leaves unanswered (a frozen or stalled leader, a
+// black-holed link: the connection stays up, no answer comes) is abandoned
+// after the attempt timeout, by default a third of the time left before
+// the caller's deadline, 2 to 5 s ([WithAttemptTimeout]), and the call is
+// retried on the leader the cluster reports by then. So a call whose
+// leader froze succeeds on the new leader within its deadline; only when
+// the caller's deadline itself ends is a write's outcome unknown. Give
+// calls deadlines of several seconds (10 s is a good default): an attempt
+// made with less than twice MinAttemptTimeout (4 s) left gets all of it.
+//
 // Each logical Mark or Claim call generates ONE random 16-byte request
 // token and sends it on every retry. The server answers a write whose token
 // matches the recorded one with the recorded outcome, so a Mark that reached

@@ -36,7 +36,7 @@ func onceAt[T any](c *Client, ctx context.Context, op, addr string, call func(co
 	l := c.linkLocked(addr)
 	c.mu.Unlock()
 	before := l.state()
-	actx, cancel := c.attemptCtx(ctx)
+	actx, cancel := c.attemptCtx(ctx, op)
 	defer cancel()
 	resp, err := call(actx, cc)
 	if err != nil {

@@ -13,8 +13,16 @@ import (
 
 // Defaults used by New.
 const (
-	// DefaultTimeout bounds one RPC attempt.
-	DefaultTimeout = 10 * time.Second
+	// DefaultAttemptTimeout bounds one attempt of a call whose context
+	// has no deadline, and caps the automatic attempt timeout of one that
+	// has (WithAttemptTimeout).
+	DefaultAttemptTimeout = 5 * time.Second
+	// MinAttemptTimeout is the least time the automatic attempt timeout
+	// gives an attempt: a healthy cluster answers in milliseconds, a
+	// loaded one well within it.
+	MinAttemptTimeout = 2 * time.Second
+	// DefaultTimeout is DefaultAttemptTimeout, its older name.
+	DefaultTimeout = DefaultAttemptTimeout
 	// DefaultMaxAttempts is how many times a call is tried in all.
 	DefaultMaxAttempts = 10
 	// DefaultBackoffBase is the wait before the first retry; it doubles
@@ -27,7 +35,10 @@ const (
 )
 
 type options struct {
+	// timeout bounds each attempt when fixed (0: the caller's context
+	// alone); autoTimeout: derived from the context (attemptTimeout).
 	timeout     time.Duration
+	autoTimeout bool
 	maxAttempts int
 	backoffBase time.Duration
 	backoffMax  time.Duration
@@ -46,7 +57,7 @@ type options struct {
 
 func defaultOptions() options {
 	return options{
-		timeout:     DefaultTimeout,
+		autoTimeout: true,
 		maxAttempts: DefaultMaxAttempts,
 		backoffBase: DefaultBackoffBase,
 		backoffMax:  DefaultBackoffMax,
@@ -67,12 +78,48 @@ func WithMaxStaleness(d time.Duration) Option {
 	return func(o *options) { o.maxStaleness = d }
 }
 
-// WithTimeout bounds each RPC attempt (not the whole call: that is bounded
-// by the caller's context and WithRetry). d <= 0 leaves attempts bounded by
-// the caller's context alone. Default DefaultTimeout (10 s). An attempt that
+// WithAttemptTimeout sets the attempt timeout: how long one attempt of a
+// call (one RPC to one node) may go unanswered before the client abandons
+// it and tries again — on the leader the cluster reports now, or on
+// another node — while the caller's context lasts. It is what lets a call
+// ride out a node that hears but does not answer (a frozen or stalled
+// leader, a black-holed link) within its deadline: the attempt to it is
+// abandoned, and the retry finds the new leader. Retrying is safe: Mark
+// and Claim send the call's request token with every attempt (a repeat
+// answers as the first: new stays new, acquired keeps its fencing token),
+// Commit, Release and Forget answer a repeat as they did, a repeated Renew
+// extends the lease from its own time, and reads change nothing. The
+// caller's context bounds the whole call (and WithRetry its attempts):
+// only when it ends is a write's outcome unknown.
+//
+// d == 0 (the default) is automatic: an attempt gets a third of the time
+// left before the caller's deadline, at least MinAttemptTimeout (2 s) and
+// at most DefaultAttemptTimeout (5 s), and an attempt that would leave
+// less than MinAttemptTimeout for another gets all of it; without a
+// deadline, DefaultAttemptTimeout. So a call with a 10 s deadline whose
+// leader froze is tried again on the new leader after about 3.3 s.
+// Calls that a repeat does not answer as the first (CreateNamespace,
+// DeleteNamespace, Remove, Promote, TransferLeadership) keep attempts of
+// up to 10 s, so that a slow one is seldom repeated.
+// d > 0 bounds every attempt of every call by d (and the caller's
+// context); d < 0 leaves attempts bounded by the caller's context alone,
+// so that an unanswered attempt is never retried.
+//
+// Single-attempt calls (StatusOf, HealthOf, DigestOf, the *At calls) are
+// bounded alike.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(o *options) {
+		o.autoTimeout, o.timeout = d == 0, max(d, 0)
+	}
+}
+
+// WithTimeout is WithAttemptTimeout, its older name, except that d <= 0
+// leaves attempts bounded by the caller's context alone (it never means
+// automatic): d > 0 bounds each RPC attempt (not the whole call: that is
+// bounded by the caller's context and WithRetry), and an attempt that
 // times out while the caller's context is still live is retried.
 func WithTimeout(d time.Duration) Option {
-	return func(o *options) { o.timeout = d }
+	return func(o *options) { o.autoTimeout, o.timeout = false, max(d, 0) }
 }
 
 // WithRetry sets the retry policy: maxAttempts tries in all (1 disables

@@ -468,7 +468,7 @@ func checkJoiner(e *env, f *clientFlags, id, grpcAddr string) error {
 	defer cancel()
 	hint := fmt.Sprintf("start the node first (serve --node-id %s --grpc-addr %s ...) and check --grpc-addr, or pass --force to add it anyway", id, grpcAddr)
 	pc, err := client.New(ctx, []string{grpcAddr}, append([]client.Option{client.WithPinnedNode(), client.WithRetry(1, 0, 0),
-		client.WithTimeout(min(f.timeout, 10*time.Second))}, conn...)...)
+		client.WithAttemptTimeout(-1)}, conn...)...)
 	var st client.Status
 	if err == nil {
 		st, err = pc.StatusOf(ctx, grpcAddr)

@@ -43,6 +43,11 @@ type clientFlags struct {
 	answered     atomic.Bool  // some node answered: refusals are outages, not typos
 	refusedSince atomic.Int64 // Unix ns of the first refused connection, 0 if none
 
+	// firstBy is the deadline of the first request after dial: --timeout
+	// from the start of dial, so that finding the cluster counts against
+	// it (firstTimeout).
+	firstBy time.Time
+
 	// namespaces lists the cluster's namespaces through the dialled client
 	// (nil before dial), for explain to suggest one for a mistyped name.
 	namespaces func(ctx context.Context) ([]client.Namespace, error)
@@ -126,7 +131,8 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 func (f *clientFlags) registerTimeout(cmd *cobra.Command, def time.Duration) {
 	f.timeout = def
 	cmd.Flags().Var(durationValue{&f.timeout}, "timeout",
-		"give up a request (one batch, with its retries) after this `DURATION` (env DEDUPNODE_TIMEOUT)")
+		"give up a request (one batch, with its retries) after this `DURATION`, counted from the start (finding the cluster included; each later batch gets its own); "+
+			"a node that leaves an attempt unanswered for a third of the time left (2-5s) is given up on and the request retried on the leader the cluster reports then (env DEDUPNODE_TIMEOUT)")
 }
 
 // registerConn adds the flags that say how to reach a cluster — --addr,
@@ -227,8 +233,11 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if err := f.validate(cmd); err != nil {
 		return nil, err
 	}
+	// The first request's --timeout runs from here: resolving --addr and
+	// finding the leader are part of answering it.
+	f.firstBy = time.Now().Add(f.timeout)
 	// Discovery at start is bounded by a short deadline: calls retry anyway.
-	dctx, cancel := context.WithTimeout(ctx, min(f.timeout, 2*time.Second))
+	dctx, cancel := context.WithTimeout(ctx, min(time.Until(f.firstBy), 2*time.Second))
 	defer cancel()
 	conn, err := f.connOptions()
 	if err != nil {
@@ -237,8 +246,10 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if err := f.resolve(ctx); err != nil {
 		return nil, err
 	}
+	// The client's automatic attempt timeout: an attempt unanswered for a
+	// third of what is left of --timeout (2-5 s) is abandoned and tried
+	// again, on the leader the cluster reports by then.
 	opts := append([]client.Option{
-		client.WithTimeout(min(f.timeout, 10*time.Second)),
 		client.WithRetry(1000, 50*time.Millisecond, time.Second),
 		client.WithRetryIf(f.retryIf),
 	}, conn...)
@@ -269,6 +280,9 @@ func (f *clientFlags) resolve(ctx context.Context) error {
 	if f.timeout > 0 {
 		d = min(f.timeout, d)
 	}
+	if !f.firstBy.IsZero() {
+		d = min(d, time.Until(f.firstBy))
+	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var bad []string
@@ -298,9 +312,19 @@ func (f *clientFlags) withTimeout(ctx context.Context) (context.Context, context
 	return context.WithTimeout(ctx, f.timeout)
 }
 
+// firstTimeout bounds the first request after dial with its retries:
+// --timeout from the start of dial, which resolved --addr and found the
+// leader for it, so that --timeout bounds the command's wall time.
+func (f *clientFlags) firstTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if f.firstBy.IsZero() {
+		return f.withTimeout(ctx)
+	}
+	return context.WithDeadline(ctx, f.firstBy)
+}
+
 // call is the preamble of a command that sends one request (with its
 // retries): it dials a client from the flags, then runs fn with it under
-// one --timeout that starts once the client is up. A dial error comes back
+// one --timeout that started when dialling began (firstTimeout). A dial error comes back
 // explained; fn's error comes back as it is, for fn knows which namespace
 // or node its request named and explains its own errors.
 func (f *clientFlags) call(ctx context.Context, cmd *cobra.Command, fn func(ctx context.Context, c *client.Client) error) error {
@@ -309,7 +333,7 @@ func (f *clientFlags) call(ctx context.Context, cmd *cobra.Command, fn func(ctx 
 		return explain(err, f, "")
 	}
 	defer c.Close()
-	ctx, cancel := f.withTimeout(ctx)
+	ctx, cancel := f.firstTimeout(ctx)
 	defer cancel()
 	return fn(ctx, c)
 }

@@ -378,7 +378,11 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 	out := bufio.NewWriter(e.stdout)
 	defer out.Flush()
 	return batches(args, e.stdin, f.batch, func(b batch) error {
-		ctx, cancel := f.withTimeout(e.ctx)
+		timeout := f.withTimeout
+		if b.sent == 0 {
+			timeout = f.firstTimeout // --timeout counts from dial
+		}
+		ctx, cancel := timeout(e.ctx)
 		defer cancel()
 		// The CLI picks each request's token (as the client would, one per
 		// call, kept across its retries), so that an outcome-unknown error
