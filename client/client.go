@@ -417,6 +417,14 @@ func (c *Client) served(addr string) {
 	c.mu.Unlock()
 }
 
+// hasOthers reports whether an attempt may go to another node than the
+// one that just failed: the client is not pinned and knows more than one.
+func (c *Client) hasOthers() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.opts.pinned && len(c.addrs) > 1
+}
+
 // failed notes a failed attempt against addr: it is no longer trusted as
 // leader, and the rotation moves on to the next node.
 func (c *Client) failed(addr string) {
@@ -601,7 +609,11 @@ func (c *Client) invoke(ctx context.Context, op string, t target, fn func(ctx co
 		if write && maybeApplied {
 			uncertain = true
 		}
-		if errors.Is(err, errPartial) || errors.Is(err, ErrBackupDamaged) || !retryable(ctx, err) || !Heals(e) || (c.opts.retryIf != nil && !c.opts.retryIf(e)) {
+		// A removed node never serves again, but the others may: an
+		// unpinned client with other nodes moves on (as from a refused
+		// dial), and fails with ErrNodeRemoved only when it has none.
+		moveOn := e.Kind == ErrNodeRemoved && c.hasOthers() && ctx.Err() == nil
+		if !moveOn && (errors.Is(err, errPartial) || errors.Is(err, ErrBackupDamaged) || !retryable(ctx, err) || !Heals(e) || (c.opts.retryIf != nil && !c.opts.retryIf(e))) {
 			break
 		}
 		c.failed(addr)

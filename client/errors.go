@@ -55,6 +55,14 @@ var (
 	// that has not caught up (Error.Message says which and why); nothing
 	// changed. ForcePromote skips the check.
 	ErrNotCaughtUp = errors.New("node unreachable or not caught up")
+	// ErrNodeRemoved: the node asked was removed from the cluster and its
+	// ID is retired (it runs from a removed member's data dir); nothing was
+	// done and waiting does not heal it (FAILED_PRECONDITION, reason
+	// NODE_REMOVED; Error.Message names the node and what the operator
+	// does: wipe its data dir and join it with a new --node-id). Never
+	// retried on that node: a client that knows other nodes (not pinned)
+	// moves on to them, and returns it only when it has no other.
+	ErrNodeRemoved = errors.New("node removed from the cluster")
 	// ErrInvalidArgument: the request was rejected before anything was
 	// applied; Error.Field names the field.
 	ErrInvalidArgument = errors.New("invalid argument")
@@ -185,7 +193,7 @@ func invalidArgument(op, field string, item int, violation string) *Error {
 // invalid input, a missing namespace, a wrong port).
 func Heals(err error) bool {
 	for _, k := range []error{ErrUnauthenticated, ErrPermissionDenied, ErrTLSMismatch, ErrNotGRPC, ErrClusterMismatch,
-		ErrInvalidArgument, ErrTooLarge, ErrNamespaceNotFound, ErrNamespaceExists, ErrNodeNotFound, ErrUnsupported} {
+		ErrInvalidArgument, ErrTooLarge, ErrNamespaceNotFound, ErrNamespaceExists, ErrNodeNotFound, ErrNodeRemoved, ErrUnsupported} {
 		if errors.Is(err, k) {
 			return false
 		}
@@ -267,6 +275,9 @@ func decodeStatus(e *Error, err error) {
 		return
 	case dedupv1.ReasonNotCaughtUp:
 		e.Kind = ErrNotCaughtUp
+		return
+	case dedupv1.ReasonNodeRemoved:
+		e.Kind = ErrNodeRemoved
 		return
 	case dedupv1.ReasonClusterMismatch:
 		e.Kind = ErrClusterMismatch

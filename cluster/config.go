@@ -192,6 +192,11 @@ type Config struct {
 	// cluster ID (the server wires it to Admin.Status), so Join refuses a
 	// node of another cluster with a *ClusterMismatchError.
 	ClusterIDProbe ClusterIDProbe
+	// RetiredProbe, if set, lets a node that knows no leader ask its peers
+	// whether its own ID is retired (the server wires it to Admin.Status),
+	// so a removed member restarted from its data dir reports a
+	// *RemovedError instead of "no leader known" for ever.
+	RetiredProbe RetiredProbe
 }
 
 // DefaultMaxEntryBytes is Config.MaxEntryBytes's default.

@@ -130,13 +130,17 @@ func (n *Node) Healthy() bool {
 	return ok
 }
 
-// Health reports whether the node can serve, and why not: its log store is
+// Health reports whether the node can serve, and why not: it was not
+// removed from the cluster (RemovedError), its log store is
 // not stalled, its disk has room (below MinFreeDisk a leader refuses
 // writes; below the apply reserve every node pauses applying), a leader is
 // known, a leader has finished its term barrier, and a follower's state
 // machine keeps up with the commit index it knows (within healthLag
 // entries, and moving whenever it is behind).
 func (n *Node) Health() (ok bool, reason string) {
+	if err := n.Removed(); err != nil {
+		return false, err.Error()
+	}
 	if d := n.guard.inProgress(); n.stalled.Load() {
 		return false, fmt.Sprintf("raft log store write stalled for %v (limit %v): the disk is not answering", d.Round(time.Millisecond), n.cfg.LogStallTimeout)
 	}

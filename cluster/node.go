@@ -41,7 +41,10 @@ type Node struct {
 	disk   *diskspace.Monitor
 
 	// stalled: a log store write has run past LogStallTimeout (watchdog).
-	stalled      atomic.Bool
+	stalled atomic.Bool
+	// removed is set once this node knows it was removed from the cluster
+	// (runRetiredCheck); it never clears.
+	removed      atomic.Pointer[RemovedError]
 	largestEntry entrySizeMax
 	stopCtx      context.Context // cancelled when Shutdown starts
 	stopCancel   context.CancelFunc
@@ -247,7 +250,8 @@ func New(cfg Config) (_ *Node, err error) {
 
 	n.prop = newProposer(n)
 	n.reads = &readIndexer{n: n}
-	n.wg.Add(4)
+	n.wg.Add(5)
+	go n.runRetiredCheck()
 	go n.runWatchdog()
 	go n.runObserver()
 	go n.runLeadership()
@@ -457,6 +461,9 @@ func (n *Node) grpcAddrOf(id string) string {
 }
 
 func (n *Node) notLeaderError() error {
+	if err := n.Removed(); err != nil {
+		return err
+	}
 	id, raftAddr, grpcAddr := n.Leader()
 	if id == n.cfg.NodeID {
 		// Raft still names us while stepping down.
@@ -481,12 +488,16 @@ func (n *Node) broadcast() {
 }
 
 // WaitLeader blocks until a leader with a known client address is known,
-// or ctx ends (then it returns a *NotLeaderError with no leader).
+// or ctx ends (then it returns a *NotLeaderError with no leader). A node
+// removed from the cluster gets its *RemovedError at once.
 func (n *Node) WaitLeader(ctx context.Context) (id, grpcAddr string, err error) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
 		ch := n.Changed()
+		if err := n.Removed(); err != nil {
+			return "", "", err
+		}
 		if id, _, grpcAddr := n.Leader(); id != "" && grpcAddr != "" {
 			return id, grpcAddr, nil
 		}
@@ -512,8 +523,9 @@ func (n *Node) Ready() bool {
 }
 
 // WaitReady blocks until this node is a leader that has finished the
-// barrier of its term (nil), is known not to be leader (*NotLeaderError),
-// or ctx ends (ErrNotReady).
+// barrier of its term (nil), is known not to be leader (*NotLeaderError,
+// or *RemovedError once it knows it was removed), or ctx ends
+// (ErrNotReady).
 func (n *Node) WaitReady(ctx context.Context) error {
 	for {
 		ch := n.Changed()

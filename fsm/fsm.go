@@ -573,6 +573,18 @@ func (f *FSM) Retired(id string) bool {
 	return f.st.retired[id]
 }
 
+// RetiredIDs returns every retired node ID (Retired), sorted.
+func (f *FSM) RetiredIDs() []string {
+	f.mu.RLock()
+	out := make([]string, 0, len(f.st.retired))
+	for id := range f.st.retired {
+		out = append(out, id)
+	}
+	f.mu.RUnlock()
+	slices.Sort(out)
+	return out
+}
+
 // NodeRole returns the recorded role of node id (RoleMember unless an
 // OpSetNodeRole said otherwise).
 func (f *FSM) NodeRole(id string) NodeRole {

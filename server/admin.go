@@ -227,6 +227,7 @@ func (s *Server) Status(ctx context.Context, _ *dedupv1.StatusRequest) (*dedupv1
 	out.LogStoreStalled, out.LogStoreMaxWriteMs = ls.Stalled, ls.MaxWrite.Milliseconds()
 	out.ReadReplica = s.node.FSM().NodeRole(s.node.ID()) == fsm.RoleReplica
 	out.Region, out.PreferredLeaderRegions = s.node.Region(), s.node.PreferredLeaderRegions()
+	out.RetiredNodeIds = s.node.FSM().RetiredIDs()
 	if st.State != "leader" && st.LeaderGRPCAddr != "" && !isForwarded(ctx) {
 		s.leaderLiveness(ctx, st.LeaderID, st.LeaderGRPCAddr, out.Members)
 	}

@@ -288,6 +288,11 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	path := dedupv1.ReadPath_READ_PATH_LOCAL
 	switch req.Consistency {
 	case dedupv1.Consistency_CONSISTENCY_STALE:
+		// A removed node's state stopped at its removal: no answer from
+		// it, however stale the caller accepts.
+		if err := s.node.Removed(); err != nil {
+			return nil, toReadStatus(err)
+		}
 	case dedupv1.Consistency_CONSISTENCY_BOUNDED:
 		if !s.freshWithin(req.MaxStalenessMs) {
 			if err := s.linearize(ctx); err != nil {

@@ -52,6 +52,8 @@ var errorTable = []errorRule{
 	{fsm.ErrNamespaceExists, codes.AlreadyExists, dedupv1.ReasonNamespaceExists, "", ""},
 	{fsm.ErrNodeNotFound, codes.NotFound, dedupv1.ReasonNodeNotFound, "", ""},
 	{cluster.ErrClusterMismatch, codes.FailedPrecondition, dedupv1.ReasonClusterMismatch, "nothing changed; a node keeps its cluster for life: to move it, remove it from its cluster, wipe its data dir and join it again", ""},
+	// RemovedError's own text says what to do.
+	{cluster.ErrRemoved, codes.FailedPrecondition, dedupv1.ReasonNodeRemoved, "nothing was done; ask another node", ""},
 	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or wait until it catches up ('dedupnode status --addr NODE' shows its applied index), or promote it with force (PromoteRequest.force, 'dedupnode promote --force')", ""},
 	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
 	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
@@ -134,6 +136,10 @@ func statusOf(err error, read bool) error {
 				info.Metadata[dedupv1.MetaClusterID] = mm.Ours
 				info.Metadata[dedupv1.MetaPeerClusterID] = mm.Theirs
 				info.Metadata[dedupv1.MetaPeerAddr] = mm.Addr
+			}
+			var rm *cluster.RemovedError
+			if errors.As(err, &rm) {
+				info.Metadata[dedupv1.MetaNodeID] = rm.ID
 			}
 			var big *cluster.EntryTooLargeError
 			if errors.As(err, &big) {

@@ -85,6 +85,9 @@ func (s *Server) onLeader(ctx context.Context, local func(context.Context) error
 			return err
 		}
 		if forwarded || remote == nil {
+			if err := s.node.Removed(); err != nil {
+				return err
+			}
 			id, raftAddr, grpcAddr := s.node.Leader()
 			return &cluster.NotLeaderError{LeaderID: id, LeaderRaftAddr: raftAddr, LeaderGRPCAddr: grpcAddr}
 		}

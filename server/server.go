@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +198,7 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.cfg.Cluster.Progress = s.probeProgress
 	s.cfg.Cluster.RegionProbe = s.probeRegion
 	s.cfg.Cluster.ClusterIDProbe = s.probeClusterID
+	s.cfg.Cluster.RetiredProbe = s.probeRetired
 	if s.node, err = cluster.New(s.cfg.Cluster); err != nil {
 		s.ln.Close()
 		return nil, err
@@ -393,6 +395,20 @@ func (s *Server) probeRegion(ctx context.Context, id, grpcAddr string) (string, 
 		return "", fmt.Errorf("node at %s is %q, not %q", grpcAddr, st.NodeId, id)
 	}
 	return st.Region, nil
+}
+
+// probeRetired asks the node at grpcAddr whether node ID id is retired
+// (cluster.RetiredProbe): its Status lists the retired IDs it applied.
+func (s *Server) probeRetired(ctx context.Context, grpcAddr, id string) (bool, error) {
+	c, err := s.conn(grpcAddr)
+	if err != nil {
+		return false, err
+	}
+	st, err := dedupv1.NewAdminClient(c).Status(probeCtx(ctx, s.node.ID()), &dedupv1.StatusRequest{})
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(st.RetiredNodeIds, id), nil
 }
 
 // join calls Admin.Join on the configured members in turn until one

@@ -3033,9 +3033,14 @@ type StatusResponse struct {
 	// The cluster's ID (drawn once by its first leader, replicated through
 	// the log), "" until this node has applied it. Every response also
 	// carries it in the dedupnode-cluster-id header.
-	ClusterId     string `protobuf:"bytes,31,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClusterId string `protobuf:"bytes,31,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// IDs of the nodes removed from the cluster (dedupnode remove), as this
+	// node applied them: retired for good, never admitted again. A node
+	// restarted from a removed member's data dir, which knows no leader,
+	// finds its own ID here in its peers' answers.
+	RetiredNodeIds []string `protobuf:"bytes,32,rep,name=retired_node_ids,json=retiredNodeIds,proto3" json:"retired_node_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -3220,6 +3225,13 @@ func (x *StatusResponse) GetClusterId() string {
 		return x.ClusterId
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetRetiredNodeIds() []string {
+	if x != nil {
+		return x.RetiredNodeIds
+	}
+	return nil
 }
 
 // DiskStatus is the data directory's filesystem as the node last measured
@@ -3877,7 +3889,7 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x10observed_fp_rate\x18\x06 \x01(\x01R\x0eobservedFpRate\x12#\n" +
 	"\rmaybe_lookups\x18\a \x01(\x04R\fmaybeLookups\x12'\n" +
 	"\x0ffalse_positives\x18\b \x01(\x04R\x0efalsePositives\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\xb0\x06\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\"\xda\x06\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3903,7 +3915,8 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\x06region\x18\x13 \x01(\tR\x06region\x128\n" +
 	"\x18preferred_leader_regions\x18\x14 \x03(\tR\x16preferredLeaderRegions\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x1f \x01(\tR\tclusterId\"\x9b\x02\n" +
+	"cluster_id\x18\x1f \x01(\tR\tclusterId\x12(\n" +
+	"\x10retired_node_ids\x18  \x03(\tR\x0eretiredNodeIds\"\x9b\x02\n" +
 	"\n" +
 	"DiskStatus\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\x12\x1d\n" +

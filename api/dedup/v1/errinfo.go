@@ -54,6 +54,12 @@ const (
 	// message names the node and why. Start the node or wait, or promote
 	// with force.
 	ReasonNotCaughtUp = "NODE_NOT_CAUGHT_UP"
+	// ReasonNodeRemoved (FAILED_PRECONDITION): the node asked was removed
+	// from the cluster and its ID is retired (it runs from a removed
+	// member's data dir); nothing was done. MetaNodeID names it. Waiting
+	// does not heal it: ask another node; the operator wipes its data dir
+	// and joins it with a new --node-id.
+	ReasonNodeRemoved = "NODE_REMOVED"
 )
 
 // ErrorInfo metadata keys.
@@ -87,4 +93,6 @@ const (
 	// limit (ENTRY_TOO_LARGE).
 	MetaBytes    = "bytes"
 	MetaMaxBytes = "max_bytes"
+	// MetaNodeID: the node an error is about (NODE_REMOVED).
+	MetaNodeID = "node_id"
 )
