@@ -183,7 +183,9 @@ func (n *Node) termStartOps() []fsm.Op {
 		ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: n.cfg.NodeID, GRPCAddr: n.cfg.GRPCAddr}})
 	}
 	for _, p := range n.cfg.Peers {
-		if p.ID != n.cfg.NodeID && p.GRPCAddr != "" && nodes[p.ID] == "" {
+		// A static peer removed since is retired: putting it back would
+		// list it in members and hand its address to clients.
+		if p.ID != n.cfg.NodeID && p.GRPCAddr != "" && nodes[p.ID] == "" && !n.fsm.Retired(p.ID) {
 			ops = append(ops, fsm.Op{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: p.ID, GRPCAddr: p.GRPCAddr}})
 		}
 	}

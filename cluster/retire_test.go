@@ -80,3 +80,46 @@ func TestRemovedIDIsNeverAdmittedAgain(t *testing.T) {
 		t.Fatalf("after a restart, join of the removed n2: %v, want refused", err)
 	}
 }
+
+// TestTermStartDoesNotReaddARetiredStaticPeer: a leader started with
+// static peers fills the node table with their client addresses at each
+// term start. A peer removed since is retired; a later term must not put
+// it back (it would reappear in members and be dialled by clients).
+func TestTermStartDoesNotReaddARetiredStaticPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := testConfig(t.TempDir(), true)
+	cfg.NodeID = "n1"
+	n1 := startNode(t, cfg)
+	waitFor(t, 30*time.Second, "n1 leads", n1.IsLeader)
+	if err := n1.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n1.Propose(ctx, []fsm.Op{{Kind: fsm.OpSetNode, Node: fsm.NodeInfo{ID: "n2", GRPCAddr: "127.0.0.1:2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.Remove(ctx, "n2"); err != nil {
+		t.Fatalf("remove n2: %v", err)
+	}
+	raftAddr := n1.RaftAddr()
+	stopNode(t, n1)
+
+	// Restarted with the static peers it was first started with (a node
+	// restarted from its data dir ignores them for bootstrapping, not for
+	// the node table): a new term starts.
+	cfg.Bootstrap = false
+	cfg.RaftAddr = raftAddr
+	cfg.Peers = []Peer{{ID: "n1", RaftAddr: raftAddr, GRPCAddr: cfg.GRPCAddr}, {ID: "n2", RaftAddr: "127.0.0.1:1", GRPCAddr: "127.0.0.1:2"}}
+	n1 = startNode(t, cfg)
+	defer stopNode(t, n1)
+	waitFor(t, 30*time.Second, "n1 leads again", n1.IsLeader)
+	if err := n1.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !n1.FSM().Retired("n2") {
+		t.Fatal("n2 is no longer retired after the restart")
+	}
+	if addr, ok := n1.FSM().Nodes()["n2"]; ok {
+		t.Fatalf("the new term put retired n2 back in the node table at %s", addr)
+	}
+}
