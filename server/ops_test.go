@@ -387,6 +387,10 @@ func TestRemoveLeaderUnderLoad(t *testing.T) {
 			}
 		}()
 	}
+	// A Fatal below must not end the test while the writers still report
+	// to it ("Fail in goroutine after TestRemoveLeaderUnderLoad has
+	// completed" crashes the whole test binary).
+	defer func() { stop.Store(true); wg.Wait() }()
 	waitFor(t, 30*time.Second, "writes flowing", func() bool { return progress.Load() > 50 })
 	if err := cl.Remove(ctx, leader.Node().ID()); err != nil {
 		t.Fatalf("remove leader %s: %v", leader.Node().ID(), err)
