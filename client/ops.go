@@ -10,6 +10,9 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"google.golang.org/grpc"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
@@ -21,6 +24,80 @@ import (
 // ErrBackupDamaged: a backup stream's trailing SHA-256 does not match its
 // content. Nothing a backup wrote to its writer may be used.
 var ErrBackupDamaged = errors.New("backup stream is damaged: checksum mismatch")
+
+// ErrStreamIdle: a Backup or Export attempt received nothing from its node
+// for the WithStreamIdleTimeout (the first message included: the node
+// accepted the connection, or the call, but does not answer; frozen,
+// overloaded, or cut off). The error's Addr names the node. Before any data
+// was delivered the call is retried like any failed attempt; after, it
+// fails, as a broken stream does.
+var ErrStreamIdle = errors.New("stream idle: no data from the node")
+
+// WithStreamIdleTimeout bounds each wait of a Backup or Export attempt for
+// its node's next message, the first one included (connecting and the
+// node's read barrier come before it), to d; d <= 0 (the default) leaves
+// the waits bounded by the caller's context alone. It is a progress bound,
+// not a deadline: a backup of a big store takes as long as it takes, as
+// long as data keeps coming. A node sends an export's progress at least
+// every second even while it scans past other namespaces' records.
+func WithStreamIdleTimeout(d time.Duration) Option {
+	return func(o *options) { o.streamIdle = d }
+}
+
+// idleWatch cancels a stream attempt's context when nothing arrived for
+// the client's stream idle timeout. A nil *idleWatch watches nothing.
+type idleWatch struct {
+	d   time.Duration
+	t   *time.Timer
+	ctx context.Context
+}
+
+// watchIdle returns ctx under an idle watch (started now) and its stop.
+func (c *Client) watchIdle(ctx context.Context) (context.Context, *idleWatch, func()) {
+	d := c.opts.streamIdle
+	if d <= 0 {
+		return ctx, nil, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &idleWatch{d: d, ctx: ctx}
+	w.t = time.AfterFunc(d, func() { cancel(ErrStreamIdle) })
+	return ctx, w, func() { w.t.Stop(); cancel(nil) }
+}
+
+// wait starts a wait for the next message; got ends it (the time the
+// caller spends on a message is not the node's).
+func (w *idleWatch) wait() {
+	if w != nil {
+		w.t.Reset(w.d)
+	}
+}
+
+func (w *idleWatch) got() {
+	if w != nil {
+		w.t.Stop()
+	}
+}
+
+// check turns err, the failure of a call or Recv under the watch, into an
+// ErrStreamIdle (keeping err's status, so that invoke retries it while
+// nothing was delivered) when the watch ended it.
+func (w *idleWatch) check(err error) error {
+	if w == nil || err == nil || !errors.Is(context.Cause(w.ctx), ErrStreamIdle) {
+		return err
+	}
+	return &idleError{d: w.d, st: status.New(codes.DeadlineExceeded, fmt.Sprintf("%v for %v", ErrStreamIdle, w.d))}
+}
+
+// idleError is ErrStreamIdle with the attempt's status (DeadlineExceeded:
+// retried as an attempt timeout).
+type idleError struct {
+	d  time.Duration
+	st *status.Status
+}
+
+func (e *idleError) Error() string              { return e.st.Message() }
+func (e *idleError) Unwrap() error              { return ErrStreamIdle }
+func (e *idleError) GRPCStatus() *status.Status { return e.st }
 
 // errPartial marks a stream that failed after it delivered data: retrying
 // it would repeat what the caller already received.
@@ -59,17 +136,22 @@ type BackupInfo struct {
 // The stream is retried while nothing has been written to w; a failure
 // after that, or ErrBackupDamaged, means w holds no usable backup. ctx
 // bounds the whole stream (a big backup takes as long as it takes: give it
-// no short deadline). cluster.SeedFromBackup restores what w received.
+// no short deadline; WithStreamIdleTimeout bounds each wait for data). cluster.SeedFromBackup restores what w received.
 func (c *Client) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
 	var info BackupInfo
 	err := c.stream(ctx, "backup", func(ctx context.Context, cc *grpc.ClientConn) error {
+		ctx, idle, stop := c.watchIdle(ctx)
+		defer stop()
 		st, err := dedupv1.NewOpsClient(cc).Backup(ctx, &dedupv1.BackupRequest{})
 		if err != nil {
-			return err
+			return idle.check(err)
 		}
 		v := newTailVerifier()
 		for {
+			idle.wait()
 			ch, err := st.Recv()
+			idle.got()
+			err = idle.check(err)
 			if errors.Is(err, io.EOF) {
 				if !v.ok() {
 					return ErrBackupDamaged
@@ -157,13 +239,18 @@ func (c *Client) Export(ctx context.Context, namespace string, fn func(ExportedR
 func (c *Client) ExportWithInfo(ctx context.Context, namespace string, begin func(ExportInfo) error, fn func(ExportedRecord) error) (ExportInfo, error) {
 	var info ExportInfo
 	err := c.stream(ctx, "export", func(ctx context.Context, cc *grpc.ClientConn) error {
+		ctx, idle, stop := c.watchIdle(ctx)
+		defer stop()
 		st, err := dedupv1.NewOpsClient(cc).Export(ctx, &dedupv1.ExportRequest{Namespace: namespace})
 		if err != nil {
-			return err
+			return idle.check(err)
 		}
 		n := 0
 		for first := true; ; first = false {
+			idle.wait()
 			ch, err := st.Recv()
+			idle.got()
+			err = idle.check(err)
 			if errors.Is(err, io.EOF) {
 				return nil
 			}

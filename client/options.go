@@ -53,6 +53,10 @@ type options struct {
 	region       string
 	pinned       bool
 	clusterID    string // WithClusterID
+
+	// streamIdle bounds each wait of a Backup or Export attempt for data
+	// (WithStreamIdleTimeout, ops.go).
+	streamIdle time.Duration
 }
 
 func defaultOptions() options {

@@ -122,6 +122,13 @@ func (k *streamSink) Cancel() error { return nil }
 // exportBatch is how many records one ExportChunk carries.
 const exportBatch = 1000
 
+// exportKeepalive: an export that has found nothing to send for this long
+// (it walks the whole store, and the namespace's records may be few, or
+// expired) sends an empty chunk, so that a client's idle bound
+// (client.WithStreamIdleTimeout, the CLI's --timeout) measures a node
+// that stopped answering, not one scanning past other records.
+const exportKeepalive = time.Second
+
 // Export implements dedupv1.OpsServer: a read barrier, then the live
 // records of one namespace — committed records and live leases, each with
 // its digest, request token and fencing token. It walks a snapshot stream
@@ -168,6 +175,7 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 	out := &dedupv1.ExportChunk{FenceEpoch: epoch}
 	first := true
 	var released, expired uint64
+	lastSend, seen := time.Now(), 0
 	send := func(last bool) error {
 		if len(out.Records) == 0 && !first && !last {
 			return nil
@@ -178,11 +186,20 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 		if err := stream.Send(out); err != nil {
 			return err
 		}
-		first = false
+		first, lastSend = false, time.Now()
 		out = &dedupv1.ExportChunk{}
 		return nil
 	}
 	_, err = fsm.WalkSnapshot(pr, func(key, value []byte) error {
+		if seen++; seen%1024 == 0 && time.Since(lastSend) >= exportKeepalive {
+			// Nothing to send for a while: an empty chunk (the
+			// records found so far go with it) says the export is alive.
+			if err := stream.Send(out); err != nil {
+				return err
+			}
+			first, lastSend = false, time.Now()
+			out = &dedupv1.ExportChunk{}
+		}
 		nsID, _, _, id, ok := storage.ParseRecordKey(key)
 		if !ok || nsID != ns.ID {
 			return nil

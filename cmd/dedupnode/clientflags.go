@@ -48,6 +48,11 @@ type clientFlags struct {
 	// it (firstTimeout).
 	firstBy time.Time
 
+	// stream: the command streams (backup, export): --timeout bounds each
+	// wait for the node's next chunk (client.WithStreamIdleTimeout), not
+	// the call.
+	stream bool
+
 	// namespaces lists the cluster's namespaces through the dialled client
 	// (nil before dial), for explain to suggest one for a mistyped name.
 	namespaces func(ctx context.Context) ([]client.Namespace, error)
@@ -256,6 +261,9 @@ func (f *clientFlags) dial(ctx context.Context, cmd *cobra.Command) (*client.Cli
 	if f.region != "" {
 		opts = append(opts, client.WithRegion(f.region))
 	}
+	if f.stream {
+		opts = append(opts, client.WithStreamIdleTimeout(f.timeout))
+	}
 	if f.clusterID != "" {
 		opts = append(opts, client.WithClusterID(f.clusterID))
 	}
@@ -405,6 +413,8 @@ func explainErr(err error, f *clientFlags, namespace string, p *progress) error 
 	addrs := strings.Join(f.addrs, ",")
 	statusHint := fmt.Sprintf("see 'dedupnode status --addr %s'", addrs)
 	switch {
+	case errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrOutcomeUnknown) && p.read:
+		return &opError{err: errors.New("interrupted"), hint: "this command only reads: nothing was changed; re-run it"}
 	case errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrOutcomeUnknown):
 		return &opError{err: errors.New("interrupted"), hint: "nothing more was sent; re-run to finish (writes already sent are safe to repeat)"}
 	case errors.Is(err, client.ErrOutcomeUnknown):

@@ -115,20 +115,28 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 			defer os.Remove(tmp.Name())
 			defer tmp.Close()
 			bar := newBar(progressOut(e, noProgress), -1, "backup", true)
-			c, err := f.dial(e.ctx, cmd)
+			f.stream = true
+			ctx, gotData, stop := firstData(e.ctx, f.timeout)
+			defer stop()
+			c, err := f.dial(ctx, cmd)
 			if err != nil {
-				return explain(err, f, "")
+				return streamError(e, ctx, err, f, "", "backup", false, "no file was written")
 			}
 			defer c.Close()
-			// No --timeout on the stream: a backup takes as long as it takes.
-			// The client verifies the stream's checksum.
-			info, err := c.Backup(e.ctx, io.MultiWriter(tmp, bar))
+			// --timeout bounds the wait for data, not the stream: a backup
+			// takes as long as it takes. The client verifies the stream's
+			// checksum.
+			info, err := c.Backup(ctx, io.MultiWriter(firstWrite{gotData}, tmp, bar))
 			bar.Finish()
 			if errors.Is(err, client.ErrBackupDamaged) {
 				return &opError{err: err, hint: "run the backup again"}
 			}
 			if err != nil {
-				return explain(err, f, "")
+				left := "no file was written"
+				if info.Bytes > 0 {
+					left += " (the partial one was removed)"
+				}
+				return streamError(e, ctx, err, f, "", "backup", info.Bytes > 0, left)
 			}
 			index, size := info.Index, info.Bytes
 			if err := tmp.Sync(); err != nil {
@@ -145,8 +153,7 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 		}),
 	}
 	f.register(cmd)
-	// A backup streams until it is complete (Ctrl-C stops it): no --timeout.
-	_ = cmd.Flags().MarkHidden("timeout")
+	cmd.Flags().Lookup("timeout").Usage = fmt.Sprintf(streamTimeoutUsage, "backup")
 	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (written to a temporary file first, renamed when complete and verified)")
 	cmd.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
 	return cmd
@@ -327,17 +334,27 @@ the cluster runs with tokens.`,
 			bw := bufio.NewWriterSize(w, 1<<20)
 			enc := json.NewEncoder(bw)
 			var n, leased int
-			c, err := f.dial(e.ctx, cmd)
+			left := "nothing was written"
+			if file != nil {
+				left = fmt.Sprintf("%s is incomplete: delete it", out)
+			}
+			f.stream = true
+			ctx, gotData, stop := firstData(e.ctx, f.timeout)
+			defer stop()
+			c, err := f.dial(ctx, cmd)
 			if err != nil {
-				return explain(err, f, namespace)
+				return streamError(e, ctx, err, f, namespace, "export", false, left)
 			}
 			defer c.Close()
 			// The header first: import reads the source's fencing epoch
 			// from it before it claims any lease.
+			got := false
 			begin := func(info client.ExportInfo) error {
+				gotData()
+				got = true
 				return enc.Encode(&exportHeader{Format: exportFormat, Namespace: nsName(namespace), FenceEpoch: info.FenceEpoch})
 			}
-			info, err := c.ExportWithInfo(e.ctx, namespace, begin, func(r client.ExportedRecord) error {
+			info, err := c.ExportWithInfo(ctx, namespace, begin, func(r client.ExportedRecord) error {
 				l := exportLine{FirstSeenUnixMs: r.FirstSeen.UnixMilli(), ExpiresUnixMs: r.Expires.UnixMilli(), State: r.State.String(), Fence: r.FencingToken}
 				if r.State == client.StateLeased {
 					leased++
@@ -357,7 +374,10 @@ the cluster runs with tokens.`,
 				return enc.Encode(&l)
 			})
 			if err != nil {
-				return explain(err, f, namespace)
+				if got && file == nil {
+					left = "the output is incomplete"
+				}
+				return streamError(e, ctx, err, f, namespace, "export", got, left)
 			}
 			if err := bw.Flush(); err != nil {
 				return &opError{err: err}
@@ -375,13 +395,64 @@ the cluster runs with tokens.`,
 		}),
 	}
 	f.register(cmd)
-	// The export is NDJSON whatever --output says, and streams until it
-	// is complete (Ctrl-C stops it): neither flag applies.
+	// The export is NDJSON whatever --output says: the flag does not apply.
 	_ = cmd.Flags().MarkHidden("output")
-	_ = cmd.Flags().MarkHidden("timeout")
+	cmd.Flags().Lookup("timeout").Usage = fmt.Sprintf(streamTimeoutUsage, "export")
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "`NAMESPACE` to export (default \"default\")")
 	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (default stdout)")
 	return cmd
+}
+
+// streamTimeoutUsage is the help of --timeout for the commands that stream
+// (backup, export; %s names the command).
+const streamTimeoutUsage = "fail when the node sends nothing for this `DURATION` (env DEDUPNODE_TIMEOUT): it bounds reaching a node and receiving the first data (connecting, finding the leader, the node's read barrier, retries), then each wait for the next chunk; not the whole %s, which takes as long as it takes while data keeps coming"
+
+// errNoData is the cause of a streaming command's context when --timeout
+// passed before the first data arrived.
+var errNoData = errors.New("no data within --timeout")
+
+// firstData bounds a streaming command's wait for its first data by d: the
+// context it returns is cancelled with errNoData unless got is called
+// within d. Once data flows, the client's stream idle timeout bounds each
+// wait.
+func firstData(ctx context.Context, d time.Duration) (_ context.Context, got func(), stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := time.AfterFunc(d, func() { cancel(errNoData) })
+	return ctx, func() { t.Stop() }, func() { t.Stop(); cancel(nil) }
+}
+
+// firstWrite calls got at every write (the first one counts).
+type firstWrite struct{ got func() }
+
+func (w firstWrite) Write(p []byte) (int, error) {
+	w.got()
+	return len(p), nil
+}
+
+// streamError explains the failure of a streaming read (what: "backup",
+// "export") run under ctx (firstData): an interrupt, a node that sent no
+// data within --timeout, or stopped sending mid-stream (got: some data had
+// arrived), each naming the node; left says what became of the output.
+func streamError(e *env, ctx context.Context, err error, f *clientFlags, namespace, what string, got bool, left string) error {
+	if e.ctx.Err() != nil {
+		return &opError{err: errors.New("interrupted"), hint: fmt.Sprintf("%s only reads: nothing in the cluster changed; %s; re-run it", what, left)}
+	}
+	node := client.AsError(err).Addr
+	if node == "" {
+		node = strings.Join(f.addrs, ",")
+	}
+	hint := fmt.Sprintf("check that node ('dedupnode status --addr %s'); try another node with --addr, or a longer --timeout if the node is only slow", node)
+	switch ce := client.AsError(err); {
+	case !got && errors.Is(context.Cause(ctx), errNoData) && ce.Reason != "":
+		// Nodes answered, but with errors (no leader, say).
+		return &opError{err: fmt.Errorf("no data within --timeout %s; the last answer, from %s: %s; %s", fmtDuration(f.timeout), node, ce.Message, left),
+			hint: fmt.Sprintf("see 'dedupnode status --addr %s', or raise --timeout", strings.Join(f.addrs, ","))}
+	case !got && (errors.Is(context.Cause(ctx), errNoData) || errors.Is(err, client.ErrStreamIdle)):
+		return &opError{err: fmt.Errorf("no data from %s within --timeout %s: it accepts connections but does not answer (frozen, overloaded or cut off?); %s", node, fmtDuration(f.timeout), left), hint: hint}
+	case errors.Is(err, client.ErrStreamIdle):
+		return &opError{err: fmt.Errorf("%s stopped sending mid-stream: nothing for --timeout %s; %s", node, fmtDuration(f.timeout), left), hint: hint}
+	}
+	return explainIn(err, f, namespace, &progress{read: true})
 }
 
 func nsName(ns string) string {

@@ -363,3 +363,24 @@ func TestParseImportLineNamesTheField(t *testing.T) {
 		t.Errorf("expires_unix_ms with a null ttl: %+v %v", r, err)
 	}
 }
+
+// An interrupted backup or export says that it only reads, not the advice
+// for writes ("writes already sent are safe to repeat").
+func TestInterruptedReadStreamsSayTheyOnlyRead(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // as SIGTERM does
+	dir := t.TempDir()
+	addr := closedAddr(t)
+	for _, args := range [][]string{
+		{"backup", "--addr", addr, "--out", filepath.Join(dir, "y.snap")},
+		{"export", "--addr", addr, "-n", "imp", "--out", filepath.Join(dir, "z.ndjson")},
+	} {
+		code, _, errb := runCLI(t, ctx, "", args...)
+		if code != 1 || !strings.Contains(errb, "interrupted") || !strings.Contains(errb, "only reads") || strings.Contains(errb, "writes") {
+			t.Fatalf("%s interrupted: exit %d, stderr %q; want exit 1, interrupted, only reads, nothing on writes", args[0], code, errb)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "y.snap")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("interrupted backup left y.snap: %v", err)
+	}
+}
