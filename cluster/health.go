@@ -63,6 +63,30 @@ func MinFreeDiskFloor(memtable uint64, ls LogStore) uint64 {
 	return floor
 }
 
+// AutoMinFreeDiskEmpty is the automatic MinFreeDisk of a node whose ID
+// store is empty (it grows by twice the store): 64 MiB, and never less than
+// twice the apply reserve.
+func AutoMinFreeDiskEmpty(memtable uint64) uint64 {
+	return max(autoMinFreeBase, 2*DiskReserve(memtable))
+}
+
+// OwnFootprint is the least a running node with memtables of memtable
+// bytes and the log store ls occupies on its volume whatever it holds: one
+// preallocated Pebble WAL file (110% of a memtable), 4 MiB of manifests and
+// stable store, and with wal one preallocated Raft log segment. A volume
+// can never have more free, with the node on it, than its capacity less
+// this.
+func OwnFootprint(memtable uint64, ls LogStore) uint64 {
+	if memtable == 0 {
+		memtable = storage.DefaultMemTableBytes
+	}
+	fp := memtable*11/10 + 4<<20
+	if ls != LogStoreBoltDB {
+		fp += defaultWALSegmentBytes
+	}
+	return fp
+}
+
 // startRoom refuses to start a node whose data dir has less free space
 // than MinFreeDiskFloor (the apply reserve, plus one log segment with
 // wal), returning a *diskspace.RoomError. Starting writes before the disk

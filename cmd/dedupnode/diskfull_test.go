@@ -39,15 +39,18 @@ func TestMinFreeDiskRefusalIsWhatHelpSays(t *testing.T) {
 		}
 	}
 
-	// A node run with a threshold no disk meets refuses every client write.
+	// A node run with a threshold its disk does not meet refuses every
+	// client write.
 	grpcAddr := closedAddr(t)
+	dataDir := t.TempDir()
+	minFree := unmetMinFree(t, dataDir)
 	sctx, stop := context.WithCancel(context.Background())
 	done, exited := make(chan int, 1), make(chan struct{})
 	var serveErr syncBuffer
 	go func() {
 		defer close(exited)
-		done <- run(sctx, []string{"serve", "--node-id", "n1", "--data-dir", t.TempDir(), "--bootstrap",
-			"--grpc-addr", grpcAddr, "--raft-addr", closedAddr(t), "--min-free-disk", "1000000GiB"}, strings.NewReader(""), io.Discard, &serveErr)
+		done <- run(sctx, []string{"serve", "--node-id", "n1", "--data-dir", dataDir, "--bootstrap",
+			"--grpc-addr", grpcAddr, "--raft-addr", closedAddr(t), "--min-free-disk", strconv.FormatUint(minFree, 10) + "B"}, strings.NewReader(""), io.Discard, &serveErr)
 	}()
 	t.Cleanup(func() {
 		stop()
@@ -86,7 +89,6 @@ func TestMinFreeDiskRefusalIsWhatHelpSays(t *testing.T) {
 			}
 		}
 	}
-	const minFree = uint64(1000000) << 30
 	want := map[string]string{
 		dedupv1.MetaMinFreeBytes:    strconv.FormatUint(minFree, 10),
 		dedupv1.MetaResumeFreeBytes: strconv.FormatUint(diskspace.ResumeAt(minFree), 10),
@@ -106,4 +108,28 @@ func TestMinFreeDiskRefusalIsWhatHelpSays(t *testing.T) {
 	if code != exitError || !strings.Contains(errs, "write refused, nothing applied") || !strings.Contains(errs, "free space") {
 		t.Fatalf("CLI mark below --min-free-disk: exit %d, stderr %q", code, errs)
 	}
+}
+
+// unmetMinFree returns a --min-free-disk for a node with its data dir at
+// dir that the volume does not meet now but could (serve refuses one the
+// volume can never meet): halfway between the free space and the most the
+// volume can have free, its resume margin included. It skips the test
+// when the volume has too little used space to place one.
+func unmetMinFree(t *testing.T, dir string) uint64 {
+	t.Helper()
+	free, _, err := diskspace.Free(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity, _, err := diskspace.CapacityNearest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Generous room for the node's own files (cluster.OwnFootprint is
+	// about 55 MiB with 32 MiB memtables).
+	most := (capacity - min(capacity, 256<<20)) * 16 / 17
+	if most < free+1<<30 {
+		t.Skipf("the volume of %s has %d bytes free of %d: no room for a threshold above its free space that it could meet", dir, free, capacity)
+	}
+	return free + (most-free)/2
 }

@@ -255,6 +255,37 @@ func autoMemtable(dir string) int64 {
 	}
 }
 
+// minFreeFits refuses a --min-free-disk (flag as given, minFree its size,
+// 0 for auto) that the data dir's volume can never have free with the node
+// on it, its resume margin included: the node would start and never take a
+// write. Auto is judged at an empty store, where it is lowest: beyond that
+// a growing store is what the threshold is for.
+func minFreeFits(dir, flag string, minFree, memtable uint64, ls cluster.LogStore) error {
+	capacity, _, err := diskspace.CapacityNearest(dir)
+	if err != nil {
+		return nil // the node's start check reports a volume it cannot measure
+	}
+	own := cluster.OwnFootprint(memtable, ls)
+	most := capacity - min(own, capacity)
+	threshold, what := minFree, "--min-free-disk "+flag
+	if minFree == 0 {
+		threshold = cluster.AutoMinFreeDiskEmpty(memtable)
+		what = fmt.Sprintf("--min-free-disk auto (%s with an empty store, plus twice the store)", humanBytes(threshold))
+	}
+	resume := diskspace.ResumeAt(threshold)
+	if resume < most {
+		return nil
+	}
+	fix := fmt.Sprintf("use a volume of at least %s", humanBytes(own+resume+1<<20))
+	const mib = 1 << 20
+	lo := (cluster.MinFreeDiskFloor(memtable, ls) + mib - 1) / mib * mib
+	if hi := (most - min(most, 1)) * 16 / 17 / mib * mib; hi >= lo {
+		fix += fmt.Sprintf(", or give a fixed --min-free-disk from %s to %s", humanBytes(lo), humanBytes(hi))
+	}
+	return usagef("%s cannot fit the volume of data dir %s: writes resume only once %s are free, but the volume holds %s, and the node's own files take at least %s of it, so it can never have more than %s free: the node would never take a write; %s",
+		what, dir, humanBytes(resume), humanBytes(capacity), humanBytes(own), humanBytes(most), fix)
+}
+
 // walFloorNote names the part of the free-space floor that comes from the
 // log store.
 func walFloorNote(memtable uint64, ls cluster.LogStore) string {
@@ -386,6 +417,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if floor := cluster.MinFreeDiskFloor(uint64(memtable), logStore); minFree > 0 && uint64(minFree) < floor {
 		return cfg, nil, usagef("--min-free-disk %s is below the %s a node needs to go on applying and logging with --fsm-memtable-size %s and --raft-log-store %s (the apply reserve%s): raise it or lower the memtable size",
 			f.minFreeDisk, humanBytes(floor), f.memtableSize, logStore, walFloorNote(uint64(memtable), logStore))
+	}
+	if err := minFreeFits(f.dataDir, f.minFreeDisk, uint64(minFree), uint64(memtable), logStore); err != nil {
+		return cfg, nil, err
 	}
 	maxEntry := int64(cluster.DefaultMaxEntryBytes)
 	if f.maxEntryBytes != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,16 +39,17 @@ func TestStatusWaitConditionIncludesHealth(t *testing.T) {
 }
 
 // D8 against a real node that is caught up and knows its leader (itself)
-// but reports NOT_SERVING (its disk is "low": --min-free-disk above any
-// disk): status --wait must not return success, and says why. The old
+// but reports NOT_SERVING (its disk is "low": --min-free-disk above its
+// free space): status --wait must not return success, and says why. The old
 // code returned 0 here.
 func TestStatusWaitRefusesAnUnhealthyNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
 	}
 	grpcAddr := closedAddr(t)
-	r := startCmd("serve", "--node-id", "n1", "--data-dir", t.TempDir(), "--bootstrap",
-		"--grpc-addr", grpcAddr, "--raft-addr", closedAddr(t), "--min-free-disk", "1000000GiB")
+	dataDir := t.TempDir()
+	r := startCmd("serve", "--node-id", "n1", "--data-dir", dataDir, "--bootstrap",
+		"--grpc-addr", grpcAddr, "--raft-addr", closedAddr(t), "--min-free-disk", strconv.FormatUint(unmetMinFree(t, dataDir), 10)+"B")
 	t.Cleanup(func() {
 		if code := r.stop(t); code != exitOK {
 			t.Errorf("serve exited %d: %s", code, r.errs.String())

@@ -31,6 +31,23 @@ func Free(path string) (free, total uint64, err error) {
 	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
 }
 
+// CapacityNearest returns the most the filesystem holding dir (its nearest
+// existing ancestor, measured) can ever have free for an unprivileged
+// writer: its size less the blocks reserved for root (what f_bavail reaches
+// with every file deleted).
+func CapacityNearest(dir string) (capacity uint64, measured string, err error) {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		var st syscall.Statfs_t
+		err = syscall.Statfs(d, &st)
+		if err == nil {
+			return (st.Blocks - (st.Bfree - st.Bavail)) * uint64(st.Bsize), d, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || d == filepath.Dir(d) {
+			return 0, d, fmt.Errorf("statfs %s: %w", d, err)
+		}
+	}
+}
+
 // Allocated returns the bytes the regular files under dir occupy on disk
 // (st_blocks × 512): Pebble's preallocated WAL counts in full, a sparse
 // file only for its written blocks. Files vanishing during the walk (a
