@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -77,11 +78,18 @@ not answer, or no common applied index was seen within --timeout.`,
 				if len(nodes) == 0 {
 					return &opError{err: errors.New("the cluster lists no members")}
 				}
+				var mu sync.Mutex
+				denied := map[string]string{} // node → the node's refusal
 				ask := func(ctx context.Context, node string) (*dedupv1.DigestResponse, error) {
 					if addrs[node] == "" {
 						return nil, errors.New("no gRPC address known for this member")
 					}
 					r, err := c.DigestOf(ctx, addrs[node])
+					if errors.Is(err, client.ErrPermissionDenied) {
+						mu.Lock()
+						denied[node] = client.AsError(err).Message
+						mu.Unlock()
+					}
 					if err != nil {
 						// Explained with this member's address, not --addr's.
 						nf := &clientFlags{addrs: []string{addrs[node]}, timeout: f.timeout, output: f.output,
@@ -125,6 +133,19 @@ not answer, or no common applied index was seen within --timeout.`,
 					if res.Agree {
 						fmt.Fprintf(e.stdout, "agree: %d replicas, same digest at applied index %d\n", len(res.Answers), res.Index)
 					}
+				}
+				if !res.Agree && len(denied) > 0 {
+					// The token, not the nodes: starting or removing
+					// nodes would not help.
+					var who []string
+					var msg string
+					for _, a := range res.Answers {
+						if m, ok := denied[a.Node]; ok {
+							who, msg = append(who, a.Node), m
+						}
+					}
+					return &opError{err: fmt.Errorf("permission denied by %s: %s", strings.Join(who, ", "), msg),
+						hint: "digest needs a token with the admin right on all namespaces (\"*\"): pass one with --token or DEDUPNODE_TOKEN, or ask an admin to grant it in the auth file"}
 				}
 				if !res.Agree {
 					return &opError{err: errors.New(res.Summary())}
