@@ -85,11 +85,21 @@ func newBenchCmd() *cobra.Command {
 			if cfg.Count > 0 {
 				cfg.Duration = 0
 			}
-			if cfg.Concurrency < 1 || cfg.Batch < 1 || cfg.IDSize < 1 {
-				return usagef("--concurrency, --batch and --id-size must be at least 1")
+			for _, c := range []struct {
+				name string
+				v    int
+			}{{"concurrency", cfg.Concurrency}, {"batch", cfg.Batch}, {"id-size", cfg.IDSize}} {
+				if c.v < 1 {
+					return usagef("--%s %d: must be at least 1", c.name, c.v)
+				}
 			}
-			if cfg.Count < 0 || cfg.Duration < 0 || cfg.Warmup < 0 {
-				return usagef("--count, --duration and --warmup must not be negative")
+			switch {
+			case cfg.Count < 0:
+				return usagef("--count %d: must not be negative", cfg.Count)
+			case cfg.Duration < 0:
+				return usagef("--duration %v: must not be negative", cfg.Duration)
+			case cfg.Warmup < 0:
+				return usagef("--warmup %v: must not be negative", cfg.Warmup)
 			}
 			cfg.TTL = ttl
 			if !noProgress {

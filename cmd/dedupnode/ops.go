@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -758,6 +759,9 @@ func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
 			return nil, nil, &badEntryError{i, errors.New("no fencing token: give ID=TOKEN with the token claim printed, or --fencing-token N")}
 		}
 		tok, err := strconv.ParseUint(e[k+1:], 10, 64)
+		if errors.Is(err, strconv.ErrRange) {
+			return nil, nil, &badEntryError{i, fmt.Errorf("fencing token %q overflows: fencing tokens are 64-bit, at most %d (give the token claim printed)", e[k+1:], uint64(math.MaxUint64))}
+		}
 		if err != nil || tok == 0 {
 			return nil, nil, &badEntryError{i, fmt.Errorf("fencing token %q is not a positive integer", e[k+1:])}
 		}
