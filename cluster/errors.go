@@ -28,6 +28,12 @@ var (
 	ErrBusy = errors.New("leader busy: raft did not accept the entry in time")
 )
 
+// ErrTransferFailed: a leadership transfer did not complete: its target
+// did not catch up and take over within Raft's election timeout (down,
+// frozen, overloaded or far behind), or could not be asked to. Nothing
+// changed: the leader still leads.
+var ErrTransferFailed = errors.New("leadership transfer failed")
+
 // ErrNotCaughtUp: Promote refused a node the leader cannot reach or that
 // has not caught up with the log; nothing changed. The error is a
 // *NotCaughtUpError naming the node and why.

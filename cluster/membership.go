@@ -254,7 +254,16 @@ func (n *Node) TransferLeadership(ctx context.Context, id string) (string, error
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(id), addr)
 	}
 	if err := waitFuture(ctx, f); err != nil {
-		return "", n.mapConfigError(err)
+		if mapped := n.mapConfigError(err); mapped != err || ctx.Err() != nil {
+			return "", mapped
+		}
+		// Raft's own failures ("leadership transfer timeout", a TimeoutNow
+		// that could not be sent) say nothing of the target.
+		target := id
+		if target == "" {
+			target = "the most up-to-date voter"
+		}
+		return "", fmt.Errorf("%w: %s did not catch up and take over within the election timeout (down, frozen, overloaded or far behind?; raft: %v); %s still leads", ErrTransferFailed, target, err, n.cfg.NodeID)
 	}
 	for {
 		ch := n.Changed()

@@ -96,3 +96,36 @@ func TestBackupAndExportFromFrozenNodeFailNamingIt(t *testing.T) {
 		t.Fatalf("backup from live %s: exited=%v code %d: %s", live.id, exited, code, errb)
 	}
 }
+
+// transfer-leader to a frozen voter fails saying the target did not catch
+// up and take over in time, that the leader still leads and what to do;
+// before, it said only "leadership transfer timeout".
+func TestTransferLeaderToFrozenNodeSaysWhatFailed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds the binary and runs 3 processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := buildBinary(t)
+	cl := newPeersCluster(t, bin, 3)
+	cl.startAll()
+	lid := cl.waitLeader(ctx, cl.addrs(), 60*time.Second)
+	var frozen *node
+	for _, n := range cl.nodes {
+		if n.id != lid {
+			frozen = n
+			break
+		}
+	}
+	freeze(t, frozen)
+	code, _, errb, exited := cliWithin(t, bin, 90*time.Second, "transfer-leader", "--addr", cl.byID(lid).grpc, "--timeout", "30s", frozen.id)
+	if !exited {
+		t.Fatalf("transfer-leader to frozen %s still running after 90s", frozen.id)
+	}
+	t.Logf("transfer-leader %s: exit %d: %s", frozen.id, code, errb)
+	for _, want := range []string{frozen.id + " did not catch up and take over", lid + " still leads", "dedupnode members"} {
+		if code != 1 || !strings.Contains(errb, want) {
+			t.Fatalf("transfer-leader to frozen %s: exit %d, stderr %q; want exit 1 and %q", frozen.id, code, errb, want)
+		}
+	}
+}

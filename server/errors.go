@@ -55,6 +55,7 @@ var errorTable = []errorRule{
 	// RemovedError's own text says what to do.
 	{cluster.ErrRemoved, codes.FailedPrecondition, dedupv1.ReasonNodeRemoved, "nothing was done; ask another node", ""},
 	{cluster.ErrNotCaughtUp, codes.FailedPrecondition, dedupv1.ReasonNotCaughtUp, "nothing changed; start the node or wait until it catches up ('dedupnode status --addr NODE' shows its applied index), or promote it with force (PromoteRequest.force, 'dedupnode promote --force')", ""},
+	{cluster.ErrTransferFailed, codes.FailedPrecondition, "", "nothing changed; check that the node is up and caught up ('dedupnode members'), then retry, or transfer to another voter (without a node ID the leader picks the most up-to-date one)", ""},
 	{cluster.ErrLowDiskSpace, codes.ResourceExhausted, ReasonDiskFull, "nothing was written; retry once space is freed (the request token makes it safe)", ""},
 	{cluster.ErrEntryTooLarge, codes.ResourceExhausted, ReasonEntryTooLarge, "nothing was written", ""},
 	// ErrOutcomeUnknown's own text says "retry with the same request token".
