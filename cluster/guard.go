@@ -139,12 +139,19 @@ type guardedTransport struct {
 	// observe, if set, is told the outcome of every AppendEntries
 	// (heartbeats included): the leader's per-peer liveness (peers.go).
 	observe func(raft.ServerID, *raft.AppendEntriesResponse, error)
+	// sending, if set, is told of every AppendEntries before it is sent
+	// (a frozen peer's call hangs: observe hears of it only at the
+	// transport's timeout).
+	sending func(raft.ServerID)
 	filter  *appendFilter // nil: incoming RPCs go to raft unfiltered
 }
 
 func (t *guardedTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	if t.stalled() {
 		return errStalled
+	}
+	if t.sending != nil {
+		t.sending(id)
 	}
 	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
 	if t.observe != nil {

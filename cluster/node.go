@@ -221,7 +221,8 @@ func New(cfg Config) (_ *Node, err error) {
 		observe: func(id raft.ServerID, resp *raft.AppendEntriesResponse, err error) {
 			n.peers.record(id, resp, err, time.Now())
 		},
-		filter: newAppendFilter(n.stopCtx, n.trans.Consumer(), n.appendRoom),
+		sending: func(id raft.ServerID) { n.peers.sending(id, time.Now()) },
+		filter:  newAppendFilter(n.stopCtx, n.trans.Consumer(), n.appendRoom),
 	}
 	closers = append(closers, func() error { n.stopCancel(); return nil })
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snaps, trans); err != nil {

@@ -49,6 +49,7 @@ type peerTracker struct {
 }
 
 type peerContact struct {
+	tracked time.Time // first AppendEntries sent to it in this term
 	last    time.Time // last answered AppendEntries
 	lastLog uint64    // the peer's last log index in that answer
 	failed  time.Time // first failure after last; zero if none
@@ -69,6 +70,17 @@ func (p *peerTracker) stop() {
 	p.mu.Unlock()
 }
 
+// sending notes an AppendEntries about to go to id: the first one of the
+// term starts tracking it (a member added during the term is tracked from
+// then, not from the term's start).
+func (p *peerTracker) sending(id raft.ServerID, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.peers != nil && p.peers[id] == nil {
+		p.peers[id] = &peerContact{tracked: now}
+	}
+}
+
 // record is one AppendEntries outcome. errStalled is this node's own
 // disk, not the peer's fault, and is not recorded.
 func (p *peerTracker) record(id raft.ServerID, resp *raft.AppendEntriesResponse, err error, now time.Time) {
@@ -82,7 +94,7 @@ func (p *peerTracker) record(id raft.ServerID, resp *raft.AppendEntriesResponse,
 	}
 	c := p.peers[id]
 	if c == nil {
-		c = &peerContact{}
+		c = &peerContact{tracked: now}
 		p.peers[id] = c
 	}
 	if err != nil {
@@ -99,8 +111,9 @@ func (p *peerTracker) record(id raft.ServerID, resp *raft.AppendEntriesResponse,
 type PeerLiveness struct {
 	Reachability Reachability
 	// UnreachableSince (Unreachable only): the leader's last answered
-	// exchange with it, or when this node began leading if it never
-	// answered in this term.
+	// exchange with it or, if it never answered in this term, when the
+	// leader first sent to it in this term (a member added during the term
+	// is not older than its addition).
 	UnreachableSince time.Time
 	// LogLag is how many entries the member's log was behind the leader's
 	// last index, as of its last answer (0 when caught up or unknown).
@@ -119,7 +132,7 @@ func (p *peerTracker) liveness(id raft.ServerID, now time.Time, threshold time.D
 	if p.peers == nil {
 		return PeerLiveness{}, false
 	}
-	var c peerContact
+	c := peerContact{tracked: now} // nothing sent to it yet: just added
 	if pc := p.peers[id]; pc != nil {
 		c = *pc
 	}
@@ -127,7 +140,7 @@ func (p *peerTracker) liveness(id raft.ServerID, now time.Time, threshold time.D
 	if last.IsZero() {
 		// Raft counts a new follower as contacted when its replication
 		// starts: give it one heartbeat timeout to answer.
-		last = p.since
+		last = c.tracked
 	}
 	out := PeerLiveness{Reachability: Reachable}
 	if !c.last.IsZero() && lastIndex > c.lastLog {

@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -28,6 +30,7 @@ func TestPeerTracker_Liveness(t *testing.T) {
 		}
 		return lv
 	}
+	p.sending("n2", t0) // its first heartbeat of the term
 	if lv := get(hb/2, 10); lv.Reachability != Reachable {
 		t.Fatalf("new peer within a heartbeat timeout of the term's start: %+v, want reachable", lv)
 	}
@@ -54,8 +57,54 @@ func TestPeerTracker_Liveness(t *testing.T) {
 	if lv := get(7*hb+2*time.Millisecond, 10); lv.Reachability != Reachable || lv.LogLag != 0 {
 		t.Fatalf("after a stalled-disk refusal: %+v, want reachable, caught up", lv)
 	}
+	// A member added during the term (join --force) that never answers is
+	// unreachable since the leader first sent to it, not since the term
+	// began; before that it is not judged.
+	if lv, _ := p.liveness("n4", t0.Add(10*hb), hb, 10); lv.Reachability != Reachable {
+		t.Fatalf("member not yet sent to: %+v, want reachable (not judged)", lv)
+	}
+	p.sending("n4", t0.Add(10*hb))
+	if lv, _ := p.liveness("n4", t0.Add(12*hb), hb, 10); lv.Reachability != Unreachable || !lv.UnreachableSince.Equal(t0.Add(10*hb)) {
+		t.Fatalf("member added during the term that never answered: %+v, want unreachable since it was first sent to (%v)", lv, t0.Add(10*hb))
+	}
 	p.stop()
 	if _, ok := p.liveness("n2", t0.Add(8*hb), hb, 10); ok {
 		t.Fatal("liveness reported after leadership ended")
+	}
+}
+
+// On a real node: a member added during the leader's term that never
+// answers (join --force of a node that is not there) is reported
+// unreachable since it was added, not since the term began.
+func TestStatus_MemberAddedDuringTermUnreachableSinceAdded(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir(), true))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens there: every AppendEntries fails
+	added := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Join(ctx, "ghost", dead, "127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	var got PeerLiveness
+	waitFor(t, 30*time.Second, "ghost reported unreachable", func() bool {
+		st, err := n.Status()
+		if err != nil {
+			return false
+		}
+		for _, m := range st.Members {
+			if m.ID == "ghost" {
+				got = m.PeerLiveness
+				return got.Reachability == Unreachable
+			}
+		}
+		return false
+	})
+	if got.UnreachableSince.Before(added) {
+		t.Fatalf("ghost unreachable since %v, before it was added (%v)", got.UnreachableSince, added)
 	}
 }
