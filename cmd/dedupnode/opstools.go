@@ -35,9 +35,14 @@ func progressOut(e *env, off bool) io.Writer {
 	return io.Discard
 }
 
+// newBar returns a progress bar drawn on w. Its spinner changes only when
+// the bar is drawn (an Add), not on progressbar's own timer: that timer's
+// goroutine reads the bar's start time without the bar's lock, a data race
+// with the first Add (progressbar v3.19.1, ProgressBar.IsStarted).
 func newBar(w io.Writer, total int64, desc string, bytes bool) *progressbar.ProgressBar {
 	opts := []progressbar.Option{
 		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetSpinnerChangeInterval(0),
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionSetWidth(30),
 		progressbar.OptionThrottle(200 * time.Millisecond),
