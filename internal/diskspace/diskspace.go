@@ -180,6 +180,14 @@ type Config struct {
 	free func(string) (uint64, uint64, error)
 }
 
+// nearBandMin and nearRecheck: within max(MinFree/4, nearBandMin) above
+// the threshold, WriteErr measures free space itself when the last
+// measurement is nearRecheck old (WriteErr).
+const (
+	nearBandMin = 32 << 20
+	nearRecheck = 5 * time.Millisecond
+)
+
 // ResumeAt is the free space above which a node refusing writes for
 // minFree accepts them again: minFree plus a margin of 1/16 of it.
 func ResumeAt(minFree uint64) uint64 { return minFree + minFree/16 }
@@ -334,8 +342,19 @@ func (m *Monitor) State() State { return *m.state.Load() }
 
 // WriteErr returns a *LowSpaceError while client writes must be refused,
 // else nil.
+//
+// Near the threshold the poller's last measurement is not enough: a fast
+// writer fills the margin between two polls (at 100 MB/s a 250 ms poll
+// is 25 MB late) and the Raft log runs into ENOSPC before writes are
+// refused. Within nearBand of the threshold a write measures again
+// itself, at most every nearRecheck, so the overshoot is what the node
+// writes in that time.
 func (m *Monitor) WriteErr() error {
 	st := m.state.Load()
+	if !st.Low && st.Err == nil && st.Free < st.MinFree+max(st.MinFree/4, nearBandMin) && time.Since(st.At) >= nearRecheck {
+		m.measure()
+		st = m.state.Load()
+	}
 	if !st.Low {
 		return nil
 	}

@@ -120,3 +120,39 @@ func TestFreeAndBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestMonitor_NearTheThresholdAWriteMeasuresItself: the poller measures
+// every Interval, which a fast writer outruns; near the threshold the
+// write path measures again itself, so writes are refused once free space
+// is below it without waiting for the next poll. Far above the threshold
+// writes read the last poll only.
+func TestMonitor_NearTheThresholdAWriteMeasuresItself(t *testing.T) {
+	ff := &fakeFree{}
+	ff.free.Store(70 << 20)
+	m := New(Config{Dir: "/data", MinFree: 64 << 20, Reserve: 16 << 20, Interval: time.Hour, free: ff.get})
+	defer m.Close()
+	if err := m.WriteErr(); err != nil {
+		t.Fatalf("70 MiB free, min 64 MiB: %v", err)
+	}
+	ff.free.Store(60 << 20) // the writes of the last few ms filled it
+	deadline := time.Now().Add(10 * time.Second)
+	for m.WriteErr() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("60 MiB free, min 64 MiB: writes still accepted; the write path waits for the hourly poll")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var low *LowSpaceError
+	if !errors.As(m.WriteErr(), &low) || low.Free != 60<<20 {
+		t.Fatalf("refusal %v, want one naming 60 MiB free", m.WriteErr())
+	}
+
+	// Far above the threshold a write does not measure.
+	ff.free.Store(1 << 30)
+	m.Measure()
+	ff.free.Store(0)
+	time.Sleep(2 * nearRecheck)
+	if err := m.WriteErr(); err != nil {
+		t.Fatalf("1 GiB free at the last poll: %v; a write far from the threshold measured itself", err)
+	}
+}
