@@ -272,8 +272,8 @@ func (c *Config) withDefaults() Config {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.NodeID == "" {
-		errs = append(errs, errors.New("NodeID is required"))
+	if err := fsm.ValidateNodeID(c.NodeID); err != nil {
+		errs = append(errs, fmt.Errorf("NodeID: %s", err.(*fsm.InvalidError).Reason))
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("DataDir is required"))
@@ -301,6 +301,8 @@ func (c *Config) validate() error {
 		for i, p := range c.Peers {
 			if p.ID == "" || p.RaftAddr == "" {
 				errs = append(errs, fmt.Errorf("Peers[%d]: ID and RaftAddr are required", i))
+			} else if err := fsm.ValidateNodeID(p.ID); err != nil {
+				errs = append(errs, fmt.Errorf("Peers[%d]: ID: %s", i, err.(*fsm.InvalidError).Reason))
 			}
 			if seen[p.ID] {
 				errs = append(errs, fmt.Errorf("Peers[%d]: duplicate ID %q", i, p.ID))

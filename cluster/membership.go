@@ -46,6 +46,12 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 	if id == "" || raftAddr == "" || grpcAddr == "" {
 		return &fsm.InvalidError{Field: "node_id/raft_addr/grpc_addr", Reason: "all three are required"}
 	}
+	// Before any configuration change: a server whose ID the FSM cannot
+	// record would be a member no command can name (no address, never
+	// retired), and as a voter a dead one.
+	if err := fsm.ValidateNodeID(id); err != nil {
+		return err
+	}
 	if err := n.WaitReady(ctx); err != nil {
 		return err
 	}
@@ -104,6 +110,9 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 
 // Remove removes a node from the Raft configuration and the node table,
 // and retires its ID: Join refuses it from then on. Leader only. Removing the leader itself makes it step down afterwards.
+// A member whose ID is longer than the FSM records (fsm.MaxNodeIDBytes;
+// admitted by versions that did not check) cannot be retired: it is
+// removed from the configuration alone (removeUnrecordable).
 //
 // Errors: *NotLeaderError, fsm.ErrNodeNotFound (not a member), ctx's
 // error, or a raft error.
@@ -138,6 +147,9 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("node %q: %w", id, fsm.ErrNodeNotFound)
 	}
+	if len(id) > fsm.MaxNodeIDBytes {
+		return n.removeUnrecordable(ctx, id)
+	}
 	// Retire the ID before the configuration change: a leader lost in
 	// between must not leave an ID out of the cluster yet admissible
 	// again. (After removing itself the leader can propose nothing more.)
@@ -154,6 +166,26 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 		return removeNode()
 	}
 	return nil
+}
+
+// removeUnrecordable removes a member whose ID is longer than the FSM
+// records (fsm.MaxNodeIDBytes), which versions that did not check IDs let
+// into the configuration: every command naming it is rejected, so it is in
+// no node table, has no address and cannot be retired. It leaves the Raft
+// configuration alone, then a tick makes the commit index rest on an entry
+// the FSM applies. Join refuses such an ID (fsm.ValidateNodeID), so it
+// cannot come back unretired.
+func (n *Node) removeUnrecordable(ctx context.Context, id string) error {
+	if err := waitFuture(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, membershipTimeout)); err != nil {
+		return n.mapConfigError(err)
+	}
+	n.log.Warn("removed a server whose ID the state machine cannot record: it was in the Raft configuration only, and is not retired (join refuses such IDs)",
+		"peer", fmt.Sprintf("%.32q...", id), "id_bytes", len(id), "limit", fsm.MaxNodeIDBytes)
+	res, err := n.Propose(ctx, []fsm.Op{{Kind: fsm.OpTick}})
+	if err != nil {
+		return err
+	}
+	return res[0].Err
 }
 
 // Promote makes the non-voter id a voter at once (the leadership loop

@@ -113,6 +113,9 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 	if nodeID == "" || raftAddr == "" || dataDir == "" {
 		return res, errors.New("seed from backup: node ID, raft address and data dir are required")
 	}
+	if err := fsm.ValidateNodeID(nodeID); err != nil {
+		return res, fmt.Errorf("seed from backup: %w", err)
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}

@@ -189,6 +189,10 @@ const (
 	// MaxIDBytesLimit is the largest MaxIDBytes a namespace may configure.
 	MaxIDBytesLimit = 4096
 	maxNameBytes    = 128
+	// MaxNodeIDBytes bounds a node ID (NodeInfo.ID): the decoder rejects a
+	// command whose node op carries a longer one, so a longer ID can never
+	// be recorded, retired or given an address. ValidateNodeID checks it.
+	MaxNodeIDBytes = maxNameBytes
 	// MaxSettingBytes bounds a cluster setting's value.
 	MaxSettingBytes = 4096
 	maxAddrBytes    = 256
@@ -413,10 +417,10 @@ func DecodeCommand(data []byte) (Command, error) {
 			ns.DefaultLeaseMs = d.varint()
 			ns.BucketWidthMs = d.varint()
 		case OpSetNode, OpRemoveNode:
-			op.Node.ID = string(d.bytes(maxNameBytes))
+			op.Node.ID = string(d.bytes(MaxNodeIDBytes))
 			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
 		case OpSetNodeRegion:
-			op.Node.ID = string(d.bytes(maxNameBytes))
+			op.Node.ID = string(d.bytes(MaxNodeIDBytes))
 			op.Node.GRPCAddr = string(d.bytes(maxAddrBytes))
 			op.Node.Region = string(d.bytes(maxNameBytes))
 		case OpSetSetting:
@@ -432,7 +436,7 @@ func DecodeCommand(data []byte) (Command, error) {
 		case OpRaiseFenceEpoch:
 			op.FenceEpoch = d.uvarint()
 		case OpSetNodeRole:
-			op.Node.ID = string(d.bytes(maxNameBytes))
+			op.Node.ID = string(d.bytes(MaxNodeIDBytes))
 			op.Node.Role = NodeRole(d.byte())
 			if d.err == nil && op.Node.Role > RoleReplica {
 				d.fail("unknown node role %d", op.Node.Role)

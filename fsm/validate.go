@@ -3,6 +3,8 @@ package fsm
 import (
 	"bytes"
 	"fmt"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Limits for Validate.
@@ -40,6 +42,38 @@ func invalid(field, format string, args ...any) error {
 // invalidItem is invalid for the field (e.g. "id") of item i (from 0).
 func invalidItem(i int, field, format string, args ...any) error {
 	return &InvalidError{Field: fmt.Sprintf("items[%d].%s", i, field), Reason: fmt.Sprintf(format, args...), Item: i + 1}
+}
+
+// ValidateNodeID checks a node (Raft server) ID, at every edge where one
+// enters: serve, join, restore and the cluster's Join. A valid ID is 1 to
+// MaxNodeIDBytes bytes of UTF-8 without control characters and without
+// spaces at either end. Longer IDs are what the FSM cannot record (the
+// decoder refuses the command: a node added to Raft under one could never
+// be given an address or be retired); gRPC cannot carry invalid UTF-8 in a
+// string; and the data dir's node-id file is read back trimmed, so an ID
+// with spaces at an end would not restart. The error is an *InvalidError
+// for field "node_id".
+func ValidateNodeID(id string) error {
+	switch {
+	case id == "":
+		return invalid("node_id", "required")
+	case len(id) > MaxNodeIDBytes:
+		return invalid("node_id", "%.24q... is %d bytes, longer than the %d bytes a node ID may have", id, len(id), MaxNodeIDBytes)
+	case !utf8.ValidString(id):
+		return invalid("node_id", "%q is not valid UTF-8", id)
+	}
+	for _, c := range id {
+		if unicode.IsControl(c) {
+			return invalid("node_id", "%q contains a control character", id)
+		}
+	}
+	if r, _ := utf8.DecodeRuneInString(id); unicode.IsSpace(r) {
+		return invalid("node_id", "%q starts with a space", id)
+	}
+	if r, _ := utf8.DecodeLastRuneInString(id); unicode.IsSpace(r) {
+		return invalid("node_id", "%q ends with a space", id)
+	}
+	return nil
 }
 
 // ValidateNamespaceName checks a namespace name: 1..128 characters of

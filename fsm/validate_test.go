@@ -60,3 +60,37 @@ func checkNamespaceName(t *testing.T, name string) {
 		t.Fatalf("ValidateNamespaceName(%q) = %v, want an *InvalidError for field namespace", name, err)
 	}
 }
+
+// TestValidateNodeIDIsWhatTheFSMRecords: ValidateNodeID accepts exactly the
+// IDs every node op can carry through the log. A 129-byte ID was once let
+// into the Raft configuration, and every command naming it was rejected by
+// the decoder: it could never be given an address or be retired.
+func TestValidateNodeIDIsWhatTheFSMRecords(t *testing.T) {
+	for _, id := range []string{"n1", "a b", "ä-1", "node.eu-west_3", strings.Repeat("x", MaxNodeIDBytes), strings.Repeat("é", MaxNodeIDBytes/2)} {
+		if err := ValidateNodeID(id); err != nil {
+			t.Errorf("ValidateNodeID(%q) = %v, want nil", id, err)
+		}
+		for _, kind := range []OpKind{OpSetNode, OpRemoveNode, OpSetNodeRegion, OpSetNodeRole} {
+			c := Command{TimestampMs: 1, Ops: []Op{{Kind: kind, Node: NodeInfo{ID: id, GRPCAddr: "127.0.0.1:7070", Region: "eu"}}}}
+			got, err := DecodeCommand(AppendCommand(nil, &c))
+			if err != nil || got.Ops[0].Node.ID != id {
+				t.Errorf("%s of a valid ID %q: decoded %+v, %v", kind, id, got.Ops, err)
+			}
+		}
+	}
+	long := strings.Repeat("x", MaxNodeIDBytes+1)
+	c := Command{TimestampMs: 1, Ops: []Op{{Kind: OpSetNode, Node: NodeInfo{ID: long, GRPCAddr: "127.0.0.1:7070"}}}}
+	if _, err := DecodeCommand(AppendCommand(nil, &c)); !errors.Is(err, ErrCorruptCommand) {
+		t.Fatalf("decoder accepts a %d-byte node ID (%v): update MaxNodeIDBytes", len(long), err)
+	}
+	for _, id := range []string{"", long, strings.Repeat("é", MaxNodeIDBytes/2+1), "n1\n", "a\x00b", " n1", "n1 ", "\xff"} {
+		err := ValidateNodeID(id)
+		var inv *InvalidError
+		if !errors.As(err, &inv) || inv.Field != "node_id" {
+			t.Errorf("ValidateNodeID(%q) = %v, want an *InvalidError for field node_id", id, err)
+		}
+	}
+	if err := ValidateNodeID(long); err == nil || !strings.Contains(err.Error(), "129 bytes, longer than the 128 bytes") {
+		t.Errorf("ValidateNodeID(129 bytes) = %v, want the length and the limit", err)
+	}
+}

@@ -330,6 +330,11 @@ func (s *Server) Join(ctx context.Context, req *dedupv1.JoinRequest) (*dedupv1.J
 			return nil, toStatus(invalidf(f.name, "required"))
 		}
 	}
+	// Checked here and again by the leader's cluster.Node.Join, before
+	// any configuration change.
+	if err := fsm.ValidateNodeID(req.NodeId); err != nil {
+		return nil, toStatus(err)
+	}
 	err := s.onLeader(ctx, func(ctx context.Context) error {
 		if req.ReadReplica {
 			return s.node.JoinReplica(ctx, req.NodeId, req.RaftAddr, req.GrpcAddr)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/fsm"
 	"github.com/spf13/cobra"
 )
 
@@ -405,6 +406,9 @@ the one that does has another ID. --force adds the node without asking.`,
 			if err := requireFlags([]string{"node-id", id, "raft-addr", raftAddr, "grpc-addr", grpcAddr}); err != nil {
 				return err
 			}
+			if err := checkNodeIDFlag("--node-id", id); err != nil {
+				return err
+			}
 			c, err := f.dial(e.ctx, cmd)
 			if err != nil {
 				return explain(err, f, "")
@@ -505,6 +509,14 @@ remaining voters up. A removed node's ID must not be reused.`,
 			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
 				if err := c.Remove(ctx, args[0]); err != nil {
 					return explain(err, f, "")
+				}
+				if len(args[0]) > fsm.MaxNodeIDBytes {
+					// Admitted by a version that did not check IDs: the
+					// state machine never recorded it, so there was
+					// nothing to retire (join refuses such IDs now).
+					return report(e.stdout, f.output, map[string]any{"removed": args[0], "retired": false},
+						"%.32q... removed from the Raft configuration; its ID is %d bytes, longer than the %d bytes the state machine records, so it was in no node table and is not retired (join refuses such an ID)",
+						args[0], len(args[0]), fsm.MaxNodeIDBytes)
 				}
 				return report(e.stdout, f.output, map[string]any{"removed": args[0]}, "%s removed", args[0])
 			})

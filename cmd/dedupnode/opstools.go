@@ -196,6 +196,9 @@ the node table until you 'remove' them.`,
 			if err := requireFlags([]string{"from", from, "node-id", nodeID, "data-dir", dataDir, "raft-addr", raftAddr}); err != nil {
 				return err
 			}
+			if err := checkNodeIDFlag("--node-id", nodeID); err != nil {
+				return err
+			}
 			if hasState(dataDir) {
 				return usagef("%s already holds a node's state: restore into a new, empty --data-dir", dataDir)
 			}
@@ -242,6 +245,19 @@ the node table until you 'remove' them.`,
 	fs.StringVar(&logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` the node will be served with (serve --raft-log-store): wal or boltdb")
 	fs.StringVar(&minFreeDisk, "min-free-disk", "auto", "free space (`SIZE`, e.g. 1GiB) the node will be served with (serve --min-free-disk): restore refuses at once unless the volume has it free beyond the ID store and the Raft snapshot it writes; \"auto\": what serve's automatic threshold will be, 64MiB plus twice the restored store")
 	return cmd
+}
+
+// checkNodeIDFlag refuses an ID fsm.ValidateNodeID refuses (the one rule
+// for node IDs: the server's Join and the cluster's config check it too),
+// as a usage error naming the flag.
+func checkNodeIDFlag(flag, id string) error {
+	var inv *fsm.InvalidError
+	if err := fsm.ValidateNodeID(id); errors.As(err, &inv) {
+		return usagef("%s: %s", flag, inv.Reason)
+	} else if err != nil {
+		return usagef("%s: %v", flag, err)
+	}
+	return nil
 }
 
 // requireFlags refuses a command line that leaves a required flag empty,

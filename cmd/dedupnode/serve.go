@@ -341,6 +341,9 @@ func parsePeers(s string) ([]cluster.Peer, error) {
 		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
 			return nil, usagef("--peers entry %q: want id=raft_addr=grpc_addr, e.g. n1=127.0.0.1:7000=127.0.0.1:7070", p)
 		}
+		if err := checkNodeIDFlag(fmt.Sprintf("--peers entry %q: node id", p), parts[0]); err != nil {
+			return nil, err
+		}
 		if seen[parts[0]] {
 			return nil, usagef("--peers: node id %q appears twice", parts[0])
 		}
@@ -357,6 +360,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	var cfg server.Config
 	if f.nodeID == "" {
 		return cfg, nil, usagef("--node-id is required: a name for this node, unique across all time (e.g. --node-id n1)")
+	}
+	if err := checkNodeIDFlag("--node-id", f.nodeID); err != nil {
+		return cfg, nil, err
 	}
 	if f.dataDir == "" {
 		return cfg, nil, usagef("--data-dir is required: where this node keeps its data (e.g. --data-dir data/%s)", f.nodeID)
