@@ -23,7 +23,8 @@ const membershipTimeout = 10 * time.Second
 // A node that reports another cluster's ID (Config.ClusterIDProbe) is
 // refused before anything changes.
 //
-// Errors: *NotLeaderError, fsm.ErrInvalidArgument (empty fields),
+// Errors: *NotLeaderError, fsm.ErrInvalidArgument (a field empty or
+// invalid: fsm.ValidateNodeID, CheckHostPort),
 // *ClusterMismatchError, ctx's error, or a raft error.
 func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string) error {
 	return n.join(ctx, id, raftAddr, grpcAddr, false)
@@ -51,6 +52,12 @@ func (n *Node) join(ctx context.Context, id, raftAddr, grpcAddr string, replica 
 	// retired), and as a voter a dead one.
 	if err := fsm.ValidateNodeID(id); err != nil {
 		return err
+	}
+	if err := CheckHostPort(raftAddr); err != nil {
+		return &fsm.InvalidError{Field: "raft_addr", Reason: err.Error()}
+	}
+	if err := CheckHostPort(grpcAddr); err != nil {
+		return &fsm.InvalidError{Field: "grpc_addr", Reason: err.Error()}
 	}
 	if err := n.WaitReady(ctx); err != nil {
 		return err

@@ -116,6 +116,9 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 	if err := fsm.ValidateNodeID(nodeID); err != nil {
 		return res, fmt.Errorf("seed from backup: %w", err)
 	}
+	if err := CheckHostPort(raftAddr); err != nil {
+		return res, fmt.Errorf("seed from backup: raft address %w", err)
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}

@@ -335,6 +335,12 @@ func (s *Server) Join(ctx context.Context, req *dedupv1.JoinRequest) (*dedupv1.J
 	if err := fsm.ValidateNodeID(req.NodeId); err != nil {
 		return nil, toStatus(err)
 	}
+	if err := cluster.CheckHostPort(req.RaftAddr); err != nil {
+		return nil, toStatus(invalidf("raft_addr", "%v", err))
+	}
+	if err := cluster.CheckHostPort(req.GrpcAddr); err != nil {
+		return nil, toStatus(invalidf("grpc_addr", "%v", err))
+	}
 	err := s.onLeader(ctx, func(ctx context.Context) error {
 		if req.ReadReplica {
 			return s.node.JoinReplica(ctx, req.NodeId, req.RaftAddr, req.GrpcAddr)

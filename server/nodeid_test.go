@@ -37,3 +37,23 @@ func TestJoin_InvalidNodeIDIsInvalidArgument(t *testing.T) {
 		t.Fatalf("members after refused joins: %d, want 2", len(st.Members))
 	}
 }
+
+// TestJoin_InvalidAddressIsInvalidArgument: Admin.Join with a Raft or gRPC
+// address that is not HOST:PORT fails with INVALID_ARGUMENT naming the
+// field, and the configuration keeps its members (join --force --raft-addr
+// nonsense used to record "nonsense").
+func TestJoin_InvalidAddressIsInvalidArgument(t *testing.T) {
+	tc := startCluster(t, clusterOpts{n: 1})
+	l := tc.leader()
+	_, err := l.admin.Join(rpcCtx(t), &dedupv1.JoinRequest{NodeId: "n4", RaftAddr: "nonsense", GrpcAddr: "127.0.0.1:17073"})
+	wantStatus(t, err, codes.InvalidArgument, `raft_addr: "nonsense": want HOST:PORT`)
+	_, err = l.admin.Join(rpcCtx(t), &dedupv1.JoinRequest{NodeId: "n4", RaftAddr: "127.0.0.1:17003", GrpcAddr: "127.0.0.1:99999"})
+	wantStatus(t, err, codes.InvalidArgument, "grpc_addr")
+	st, err := l.admin.Status(rpcCtx(t), &dedupv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 1 {
+		t.Fatalf("members after refused joins: %+v", st.Members)
+	}
+}

@@ -409,6 +409,12 @@ the one that does has another ID. --force adds the node without asking.`,
 			if err := checkNodeIDFlag("--node-id", id); err != nil {
 				return err
 			}
+			if err := checkHostPortFlag("--raft-addr", raftAddr); err != nil {
+				return err
+			}
+			if err := checkHostPortFlag("--grpc-addr", grpcAddr); err != nil {
+				return err
+			}
 			c, err := f.dial(e.ctx, cmd)
 			if err != nil {
 				return explain(err, f, "")

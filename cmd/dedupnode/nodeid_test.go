@@ -78,3 +78,40 @@ func TestRemove_MemberWhoseIDTheFSMCannotRecord(t *testing.T) {
 	}
 	waitSuffrage(t, ctx, addr, long, "", "removed")
 }
+
+// TestRaftAddrFlagsMustBeHostPort: join (with --force too) and restore
+// refuse a --raft-addr or --grpc-addr that is not HOST:PORT, as --addr is,
+// before they ask a cluster anything or write a data dir (both used to
+// record "nonsense" or "garbage" as a member's Raft address).
+func TestRaftAddrFlagsMustBeHostPort(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	backup := filepath.Join(t.TempDir(), "b.snap")
+	if err := os.WriteFile(backup, []byte("not read"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	closed := closedAddr(t)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"join force raft", []string{"join", "--addr", closed, "--node-id", "n4", "--raft-addr", "nonsense", "--grpc-addr", "127.0.0.1:17073", "--force"}, `--raft-addr "nonsense": want HOST:PORT`},
+		{"join raft port", []string{"join", "--addr", closed, "--node-id", "n4", "--raft-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:17073"}, `--raft-addr "127.0.0.1:0": port "0"`},
+		{"join grpc", []string{"join", "--addr", closed, "--node-id", "n4", "--raft-addr", "127.0.0.1:17003", "--grpc-addr", "garbage", "--force"}, `--grpc-addr "garbage": want HOST:PORT`},
+		{"restore", []string{"restore", "--from", backup, "--node-id", "r9", "--data-dir", dir, "--raft-addr", "garbage"}, `--raft-addr "garbage": want HOST:PORT`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errs := runCLI(t, context.Background(), "", c.args...)
+			if code != exitUsage || out != "" {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want a usage error", code, out, errs)
+			}
+			assertOneLine(t, errs)
+			if !strings.Contains(errs, c.want) {
+				t.Fatalf("stderr %q lacks %q", errs, c.want)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("%s was created (%v)", dir, err)
+			}
+		})
+	}
+}

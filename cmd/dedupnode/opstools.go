@@ -199,6 +199,9 @@ the node table until you 'remove' them.`,
 			if err := checkNodeIDFlag("--node-id", nodeID); err != nil {
 				return err
 			}
+			if err := checkHostPortFlag("--raft-addr", raftAddr); err != nil {
+				return err
+			}
 			if hasState(dataDir) {
 				return usagef("%s already holds a node's state: restore into a new, empty --data-dir", dataDir)
 			}
@@ -256,6 +259,15 @@ func checkNodeIDFlag(flag, id string) error {
 		return usagef("%s: %s", flag, inv.Reason)
 	} else if err != nil {
 		return usagef("%s: %v", flag, err)
+	}
+	return nil
+}
+
+// checkHostPortFlag is cluster.CheckHostPort (the check Join makes of a
+// member's addresses) as a usage error naming the flag.
+func checkHostPortFlag(flag, addr string) error {
+	if err := cluster.CheckHostPort(addr); err != nil {
+		return usagef("%s %v", flag, err)
 	}
 	return nil
 }
