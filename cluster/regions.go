@@ -20,21 +20,29 @@ const SettingPreferredLeaderRegions = "preferred-leader-regions"
 // region it was started with ("" for none).
 type RegionProbe func(ctx context.Context, id, grpcAddr string) (region string, err error)
 
-// ParseRegions splits a comma-separated region list, trimming spaces and
-// dropping empty and repeated names; it returns an error naming the first
-// invalid name (regions are names of letters, digits, '-', '_' and '.',
-// at most 64 bytes).
+// ParseRegions splits a comma-separated region list, trimming the spaces
+// around each name and dropping repeated names. An empty list ("" or only
+// spaces) is nil: no preference. An empty entry in a list ("us,,eu", a
+// trailing comma) is an error naming its position, as is an invalid name
+// (CheckRegion: letters, digits, '-', '_' and '.', at most 64 bytes):
+// etcd and CockroachDB refuse such lists rather than guess, and a stray
+// comma is more often a region left out than one too many.
 func ParseRegions(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
 	var out []string
-	for _, r := range strings.Split(s, ",") {
+	for i, r := range strings.Split(s, ",") {
 		r = strings.TrimSpace(r)
-		if r == "" || slices.Contains(out, r) {
-			continue
+		if r == "" {
+			return nil, fmt.Errorf("%q: entry %d is empty (a stray comma?): want region names separated by commas, e.g. us-east,eu-west", s, i+1)
 		}
 		if err := CheckRegion(r); err != nil {
 			return nil, err
 		}
-		out = append(out, r)
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/cluster"
 	"github.com/spf13/cobra"
 )
 
@@ -24,7 +25,10 @@ Settings:
                                   first preferred: a leader outside them
                                   hands leadership to a caught-up voter
                                   inside, after serve's --preferred-leader-hold
-                                  (default 10s); --unset (or "") clears it
+                                  (default 10s); --unset (or "") clears it;
+                                  spaces around names are trimmed, an empty
+                                  entry ("us,,eu", a trailing comma) is an
+                                  error
 
 serve --preferred-leader-regions seeds the setting when a cluster starts;
 after that, this command changes it (a cleared setting stays cleared).`,
@@ -38,6 +42,15 @@ after that, this command changes it (a cleared setting stays cleared).`,
 			value := ""
 			if len(args) == 2 {
 				value = args[1]
+			}
+			// Known settings are checked here as the server checks them
+			// (it checks again), and sent as it stores them.
+			if args[0] == cluster.SettingPreferredLeaderRegions && !unset {
+				rs, err := cluster.ParseRegions(value)
+				if err != nil {
+					return usagef("%s: %v", args[0], err)
+				}
+				value = strings.Join(rs, ",")
 			}
 			return f.call(e.ctx, cmd, func(ctx context.Context, c *client.Client) error {
 				if err := c.SetClusterSetting(ctx, args[0], value, unset); err != nil {
