@@ -83,7 +83,10 @@ func (f *FSM) handOffLocked() {
 		if f.beforeFlush != nil {
 			f.beforeFlush()
 		}
-		job.write(f.db, &f.scratch)
+		// At background priority (storage.DB.Background): this commit is a
+		// burst of CPU on every replica at once. Not flushLocked's commit,
+		// which holds f.mu and so blocks applies and reads while it runs.
+		f.db.Background(func() { job.write(f.db, &f.scratch) })
 		close(job.done)
 		f.mu.Lock()
 		f.retireLocked(job)

@@ -242,12 +242,20 @@ type Options struct {
 	// retries a failed flush at once, and for as long as it fails: a caller
 	// that cannot wait for space aborts on the first call.
 	BackgroundError func(error)
+	// BackgroundNice, from 1 to 19, is how much higher than the process's
+	// the nice value is (at most 19) of the threads that run Pebble's
+	// flushes and compactions and the FSM's buffer commits
+	// (DB.Background); 0 leaves them at the process's priority. See
+	// background.go for why, and what it asks of GOMAXPROCS. Linux only:
+	// elsewhere it is ignored.
+	BackgroundNice int
 }
 
 // DB is the Pebble database of one FSM.
 type DB struct {
 	*pebble.DB
 	cache *pebble.Cache
+	nice  int // Options.BackgroundNice
 	// largeBatch is Pebble's large-batch threshold for this memtable size:
 	// a committed batch whose memtable footprint reaches it becomes a
 	// flushable batch of its own, queued for flush like a memtable,
@@ -345,6 +353,16 @@ func Open(dir string, o Options) (*DB, error) {
 			report(err)
 		}}
 	}
+	if o.BackgroundNice != 0 {
+		if o.BackgroundNice < 0 || o.BackgroundNice > 19 {
+			cache.Unref()
+			return nil, fmt.Errorf("background nice value %d: want 0 (off) to 19", o.BackgroundNice)
+		}
+		if opts.EventListener == nil {
+			opts.EventListener = &pebble.EventListener{}
+		}
+		lowerBackgroundPriority(opts.EventListener, o.BackgroundNice)
+	}
 	for i := range opts.Levels {
 		opts.Levels[i].BlockSize = dataBlockBytes
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
@@ -358,7 +376,7 @@ func Open(dir string, o Options) (*DB, error) {
 	// Pebble: (MemTableSize - empty memtable) / 2; a margin above it, so a
 	// small error in the lower-bound estimate never lands just short.
 	large := (o.MemTableBytes-memtableEmptyBytes)/2 + 64<<10
-	return &DB{DB: db, cache: cache, largeBatch: large}, nil
+	return &DB{DB: db, cache: cache, largeBatch: large, nice: o.BackgroundNice}, nil
 }
 
 // memTableStopWritesThreshold is Pebble's default, named because the block

@@ -4,6 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -254,4 +260,73 @@ func getOnce(db *DB, key, dst []byte) ([]byte, bool, error) {
 	var r RecordReader
 	v, ok, err := r.Get(db, key, dst)
 	return v, ok, errors.Join(err, r.Release())
+}
+
+// threadNice reads the nice value of the calling goroutine's OS thread
+// (field 19 of /proc/thread-self/stat); the caller locks its thread.
+func threadNice(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/thread-self/stat")
+	if err != nil {
+		t.Skipf("no /proc/thread-self: %v", err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	n, err := strconv.Atoi(f[16])
+	if err != nil {
+		t.Fatalf("nice in %q: %v", b, err)
+	}
+	return n
+}
+
+// TestBackgroundWorkRunsAtItsOwnLowerPriority: with BackgroundNice, the
+// FSM's commits (DB.Background) and Pebble's flushes and compactions
+// (the listener Open installs, called by Pebble on each job's own
+// goroutine) run on threads at that nice value, and the caller's thread
+// keeps its priority: nothing else ever runs at the lowered one.
+func TestBackgroundWorkRunsAtItsOwnLowerPriority(t *testing.T) {
+	if !CanLowerPriority {
+		t.Skip("thread priorities are Linux only")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	base := threadNice(t)
+	if base >= 19-7 {
+		t.Skipf("the test runs at nice %d already", base)
+	}
+
+	d, err := Open(t.TempDir(), Options{BackgroundNice: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var inside int
+	d.Background(func() { inside = threadNice(t) })
+	want := base + 7
+	if inside != want {
+		t.Fatalf("DB.Background ran fn at nice %d, want %d (7 below the caller's %d)", inside, want, base)
+	}
+	if got := threadNice(t); got != base {
+		t.Fatalf("the caller's thread is at nice %d after DB.Background, want %d", got, base)
+	}
+
+	var l pebble.EventListener
+	var flushNice, compactionNice atomic.Int64
+	l.FlushBegin = func(pebble.FlushInfo) { flushNice.Store(int64(threadNice(t))) }
+	l.CompactionBegin = func(pebble.CompactionInfo) { compactionNice.Store(int64(threadNice(t))) }
+	lowerBackgroundPriority(&l, 7)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); l.FlushBegin(pebble.FlushInfo{}) }()
+	go func() { defer wg.Done(); l.CompactionBegin(pebble.CompactionInfo{}) }()
+	wg.Wait()
+	// A new goroutine's thread may be any of the process's: each started
+	// at the process's nice (base), as no thread ever returns lowered.
+	if flushNice.Load() != int64(want) || compactionNice.Load() != int64(want) {
+		t.Fatalf("flush at nice %d, compaction at %d, want %d", flushNice.Load(), compactionNice.Load(), want)
+	}
+
+	if _, err := Open(t.TempDir(), Options{BackgroundNice: 20}); err == nil {
+		t.Fatal("BackgroundNice 20 accepted")
+	}
 }

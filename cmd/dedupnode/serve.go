@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -27,10 +28,16 @@ import (
 	"github.com/dedupnode/dedupnode/metrics"
 	"github.com/dedupnode/dedupnode/security"
 	"github.com/dedupnode/dedupnode/server"
+	"github.com/dedupnode/dedupnode/storage"
 )
 
 // serveFlags are the flags of serve; each can also come from the
 // environment as DEDUPNODE_<FLAG>.
+// defaultBackgroundNice is serve --background-nice's default: the nice
+// value RocksDB users commonly give compaction threads, measured against
+// 0 (off) in docs/PERFORMANCE.md.
+const defaultBackgroundNice = 10
+
 type serveFlags struct {
 	nodeID        string
 	dataDir       string
@@ -72,6 +79,8 @@ type serveFlags struct {
 	// started, if set, runs once the server is up (registers extra
 	// metrics).
 	started func(*server.Server)
+
+	backgroundNice int
 }
 
 var serveFlagNames = []string{
@@ -81,6 +90,7 @@ var serveFlagNames = []string{
 	"raft-log-store", "log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
 	"memory-limit", "min-free-disk", "fsm-memtable-size", "max-entry-bytes", "raft-log-stall-timeout",
+	"background-nice",
 }
 
 // Read replica flags (docs/REGIONS.md), kept apart from the others.
@@ -156,6 +166,13 @@ func newServeCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if n := cfg.Cluster.FSM.Storage.BackgroundNice; n > 0 && storage.CanLowerPriority && os.Getenv("GOMAXPROCS") == "" {
+				// One P more than the cores: a background thread the
+				// kernel has set aside still holds its P (storage/background.go).
+				procs := runtime.GOMAXPROCS(0) + 1
+				runtime.GOMAXPROCS(procs)
+				logger.Debug("background work at lower priority", "nice", n, "gomaxprocs", procs)
+			}
 			if limit, _ := parseByteSize(f.memoryLimit); limit > 0 {
 				debug.SetMemoryLimit(limit) // process-wide, like GOMEMLIMIT
 				logger.Info("Go memory limit set", "bytes", limit)
@@ -191,6 +208,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "auto", "refuse client writes while the data dir's filesystem has less than `SIZE` free (e.g. 1GiB): they fail with gRPC RESOURCE_EXHAUSTED, ErrorInfo reason DISK_FULL (client.ErrDiskFull in the Go client), nothing written; reads are still served; \"auto\": 64MiB plus twice the ID store's size on disk, room for a snapshot and a compaction; writes resume by themselves once space is back")
 	registerReplicaFlags(fs, f)
 	fs.StringVar(&f.memtableSize, "fsm-memtable-size", "auto", "Pebble memtable `SIZE` of the ID store; its write-ahead log preallocates 1.1x this per file and up to 8 files exist under a burst, so a node's disk use starts near 9x this (see docs/OPERATIONS.md, Disks); \"auto\": 1/64 of the data dir's filesystem, from 2MiB to 32MiB")
+	fs.IntVar(&f.backgroundNice, "background-nice", defaultBackgroundNice, "lower the CPU priority of the threads running the ID store's flushes, compactions and buffer commits by `N` nice steps (1-19; at most nice 19), so they use the CPU that calls leave free; the process then runs with GOMAXPROCS one above its cores unless GOMAXPROCS is set; 0: the node's own priority; Linux only")
 	fs.StringVar(&f.maxEntryBytes, "max-entry-bytes", "16MiB", "largest Raft entry (`SIZE`); a request encoding to more is refused with RESOURCE_EXHAUSTED before anything is written, and gRPC refuses messages larger than this plus 1MiB")
 	fs.DurationVar(&f.logStall, "raft-log-stall-timeout", 3*time.Second, "a Raft log write running longer than `DUR` marks the disk stalled: the node stops leading and replicating (the others elect a leader) and reports NOT_SERVING until the write returns")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "`HOST:PORT` for the admin HTTP listener: /metrics (Prometheus), / (status page), /healthz; off when empty")
@@ -496,6 +514,10 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	cfg.Cluster.TrailingLogs = f.trailingLogs
 	cfg.Cluster.MinFreeDisk = uint64(minFree)
 	cfg.Cluster.FSM.Storage.MemTableBytes = uint64(memtable)
+	if f.backgroundNice < 0 || f.backgroundNice > 19 {
+		return cfg, nil, usagef("--background-nice %d: want 0 (off) to 19", f.backgroundNice)
+	}
+	cfg.Cluster.FSM.Storage.BackgroundNice = f.backgroundNice
 	cfg.Cluster.MaxEntryBytes = int(maxEntry)
 	cfg.Cluster.LogStallTimeout = f.logStall
 	cfg.AdminAddr = f.adminAddr
