@@ -221,8 +221,10 @@ func TestFrozenNode_TimeoutBoundsWallTime(t *testing.T) {
 		if !strings.Contains(stderr, "--timeout 3s") {
 			t.Errorf("%s: stderr does not name --timeout 3s: %s", args[0], stderr)
 		}
-		if took > timeout+time.Second {
-			t.Errorf("%s --timeout 3s took %v, want at most %v", strings.Join(args, " "), took.Round(time.Millisecond), timeout+time.Second)
+		// The bound leaves 1.5 s for starting and ending a process on a
+		// loaded CI machine; the overshoot it catches was 2 s.
+		if slack := 1500 * time.Millisecond; took > timeout+slack {
+			t.Errorf("%s --timeout 3s took %v, want at most %v", strings.Join(args, " "), took.Round(time.Millisecond), timeout+slack)
 		}
 	}
 	noPanic(t, c)
