@@ -63,6 +63,16 @@ func MinFreeDiskFloor(memtable uint64, ls LogStore) uint64 {
 	return floor
 }
 
+// diskFloor is MinFreeDiskFloor for this configuration: with wal, its
+// segment size when larger than the default.
+func (c Config) diskFloor() uint64 {
+	floor := MinFreeDiskFloor(c.FSM.Storage.MemTableBytes, c.LogStore)
+	if c.LogStore != LogStoreBoltDB && c.WALSegmentBytes > defaultWALSegmentBytes {
+		floor += uint64(c.WALSegmentBytes - defaultWALSegmentBytes)
+	}
+	return floor
+}
+
 // AutoMinFreeDiskEmpty is the automatic MinFreeDisk of a node whose ID
 // store is empty (it grows by twice the store): 64 MiB, and never less than
 // twice the apply reserve.
@@ -98,12 +108,9 @@ func OwnFootprint(memtable uint64, ls LogStore) uint64 {
 // the committed entries it had not applied are still in its log and apply
 // once the node starts with room.
 func startRoom(cfg Config) error {
-	mem := cfg.FSM.Storage.MemTableBytes
-	reserve := DiskReserve(mem)
-	need, parts := reserve, "apply reserve "+diskspace.Bytes(reserve)
-	if cfg.LogStore != LogStoreBoltDB {
-		seg := uint64(max(cfg.WALSegmentBytes, defaultWALSegmentBytes))
-		need += seg
+	reserve, need := DiskReserve(cfg.FSM.Storage.MemTableBytes), cfg.diskFloor()
+	parts := "apply reserve " + diskspace.Bytes(reserve)
+	if seg := need - reserve; seg > 0 {
 		parts += " + one " + diskspace.Bytes(seg) + " Raft log segment"
 	}
 	free, _, _, err := diskspace.FreeNearest(cfg.DataDir)
@@ -124,10 +131,7 @@ func startRoom(cfg Config) error {
 // hashicorp/raft needs to store a term or vote (it panics when it cannot).
 func (n *Node) appendRoom(bytes uint64) error {
 	st := n.disk.State()
-	floor := MinFreeDiskFloor(n.cfg.FSM.Storage.MemTableBytes, n.cfg.LogStore)
-	if n.cfg.LogStore != LogStoreBoltDB && n.cfg.WALSegmentBytes > defaultWALSegmentBytes {
-		floor += uint64(n.cfg.WALSegmentBytes - defaultWALSegmentBytes)
-	}
+	floor := n.cfg.diskFloor()
 	if st.Err == nil && st.Free >= floor+bytes {
 		return nil
 	}
