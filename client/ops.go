@@ -10,10 +10,9 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"google.golang.org/grpc"
 
 	dedupv1 "github.com/dedupnode/dedupnode/api/dedup/v1"
 )
@@ -85,15 +84,12 @@ func (w *idleWatch) check(err error) error {
 	if w == nil || err == nil || !errors.Is(context.Cause(w.ctx), ErrStreamIdle) {
 		return err
 	}
-	return &idleError{d: w.d, st: status.New(codes.DeadlineExceeded, fmt.Sprintf("%v for %v", ErrStreamIdle, w.d))}
+	return &idleError{st: status.New(codes.DeadlineExceeded, fmt.Sprintf("%v for %v", ErrStreamIdle, w.d))}
 }
 
 // idleError is ErrStreamIdle with the attempt's status (DeadlineExceeded:
 // retried as an attempt timeout).
-type idleError struct {
-	d  time.Duration
-	st *status.Status
-}
+type idleError struct{ st *status.Status }
 
 func (e *idleError) Error() string              { return e.st.Message() }
 func (e *idleError) Unwrap() error              { return ErrStreamIdle }
