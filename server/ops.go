@@ -176,8 +176,10 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 	first := true
 	var released, expired uint64
 	lastSend, seen := time.Now(), 0
-	send := func(last bool) error {
-		if len(out.Records) == 0 && !first && !last {
+	// send sends what out holds: nothing unless it holds records, is the
+	// first or last chunk, or keeps the export alive (keepalive).
+	send := func(last, keepalive bool) error {
+		if len(out.Records) == 0 && !first && !last && !keepalive {
 			return nil
 		}
 		if last {
@@ -194,11 +196,9 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 		if seen++; seen%1024 == 0 && time.Since(lastSend) >= exportKeepalive {
 			// Nothing to send for a while: an empty chunk (the
 			// records found so far go with it) says the export is alive.
-			if err := stream.Send(out); err != nil {
+			if err := send(false, true); err != nil {
 				return err
 			}
-			first, lastSend = false, time.Now()
-			out = &dedupv1.ExportChunk{}
 		}
 		nsID, _, _, id, ok := storage.ParseRecordKey(key)
 		if !ok || nsID != ns.ID {
@@ -226,14 +226,14 @@ func (o *opsServer) Export(req *dedupv1.ExportRequest, stream grpc.ServerStreami
 			FencingToken:    r.Fence,
 		})
 		if len(out.Records) >= exportBatch {
-			return send(false)
+			return send(false, false)
 		}
 		return nil
 	})
 	if err != nil {
 		return toStatus(fmt.Errorf("export %s: %w", name, err))
 	}
-	return send(true)
+	return send(true, false)
 }
 
 // RaiseFenceEpoch implements dedupv1.OpsServer: proposes
