@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Defaults used by New.
@@ -148,8 +146,14 @@ func WithRetryIf(fn func(err error) bool) Option {
 }
 
 // WithDialOptions adds gRPC dial options, applied after the client's
-// defaults (plaintext transport credentials), so that for example
-// grpc.WithTransportCredentials(credentials.NewTLS(cfg)) replaces them.
+// defaults (plaintext transport credentials, its dialer), which they may
+// replace: grpc.WithContextDialer, for example, to reach nodes through a
+// proxy. The client sees a node's connections open and close through its
+// dialer or, when that is replaced, through its transport credentials
+// (plaintext, or WithTLS's), and checks a node's cluster once per
+// connection; with both replaced it cannot, and asks the node for its
+// Status before every call, so use WithTLS for TLS. A replaced dialer's
+// refusals are not told apart: ErrUnavailable instead of ErrRefused.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
@@ -217,12 +221,4 @@ func WithRegion(name string) Option {
 // pinned client per node; applications want the default routing.
 func WithPinnedNode() Option {
 	return func(o *options) { o.pinned = true }
-}
-
-// creds are the transport credentials of the options: TLS or plaintext.
-func (o *options) creds() credentials.TransportCredentials {
-	if o.tls != nil {
-		return credentials.NewTLS(o.tls)
-	}
-	return insecure.NewCredentials()
 }

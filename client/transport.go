@@ -71,12 +71,18 @@ func (l *link) dial(ctx context.Context, addr string) (net.Conn, error) {
 		l.up = false
 		return nil, err
 	}
-	l.dialErr, l.silentClose, l.httpReply = nil, false, false
+	l.dialErr = nil
 	if !l.tls {
-		l.dials++
-		l.up = true
+		l.openedLocked()
 	}
 	return &watchedConn{Conn: c, l: l}, nil
+}
+
+// openedLocked records a new plaintext connection to the node.
+func (l *link) openedLocked() {
+	l.silentClose, l.httpReply = false, false
+	l.dials++
+	l.up = true
 }
 
 // handshook records the outcome of a TLS handshake on a watched conn.
@@ -144,6 +150,36 @@ func (c *watchedConn) Close() error {
 		c.l.mu.Unlock()
 	}
 	return c.Conn.Close()
+}
+
+// plainCreds are the plaintext transport credentials with the link's
+// accounting. gRPC hands every new connection to ClientHandshake, whoever
+// dialled it: a dialer given with WithDialOptions replaces the link's own
+// (dial), and its connections are counted here instead. Uncounted, the
+// link would never be up, and the client would ask the node for its
+// Status before every call (vet) and take every failed write for one that
+// never left.
+type plainCreds struct {
+	credentials.TransportCredentials
+	l *link
+}
+
+func (p plainCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c, info, err := p.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		return c, info, err
+	}
+	if _, ok := raw.(*watchedConn); ok {
+		return c, info, nil // the link's own dial counted it
+	}
+	p.l.mu.Lock()
+	p.l.openedLocked()
+	p.l.mu.Unlock()
+	return &watchedConn{Conn: c, l: p.l}, info, nil
+}
+
+func (p plainCreds) Clone() credentials.TransportCredentials {
+	return plainCreds{TransportCredentials: p.TransportCredentials.Clone(), l: p.l}
 }
 
 // watchedCreds wraps TLS transport credentials to record handshake errors
