@@ -9,6 +9,7 @@ package client_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -409,4 +410,23 @@ func equalCrossed(a, b map[string][]string) bool {
 		}
 	}
 	return true
+}
+
+// With a dialer of the caller's own (WithDialOptions), the client still
+// knows a connection was up when a write left: a write whose reply was lost
+// after the node applied it fails with ErrOutcomeUnknown, as with the
+// client's dialer, not as a write that never left.
+func TestOwnDialerLostReplyIsOutcomeUnknown(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	n := startSingle(t, nil)
+	links := newWANLinks()
+	c := newClient(t, []string{n.addr}, client.WithPinnedNode(), client.WithDialOptions(links.dialer("client")))
+	if _, err := c.MarkAt(ctx, n.addr, "ns", items("first"), time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	n.faults.DropReplies(markMethod, 1)
+	_, err := c.MarkAt(ctx, n.addr, "ns", items("lost"), time.Minute, client.NewRequestToken())
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("mark whose reply was lost after the apply: %v, want outcome unknown", err)
+	}
 }
