@@ -78,7 +78,10 @@ func WithBatchTransport(t Transport) BatcherOption {
 //
 // Calls are grouped by operation, namespace, TTL or lease duration, and
 // consistency: only calls that would form one request together share a
-// batch. Results are those of the unbatched methods, one per call.
+// batch. Results are those of the unbatched methods, one per call: calls
+// of one ID that share a batch are answered as if sent one after another
+// in the batch's order (one CodeNew or CodeAcquired, then CodeDuplicate or
+// CodeInProgress).
 //
 // Retries stay safe: each Mark or Claim call carries its own request token
 // (Item.RequestToken when set, else a fresh random one), kept by that item

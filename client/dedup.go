@@ -120,7 +120,10 @@ func results[R interface{ GetRecord() *dedupv1.Record }](op string, rs []R, id f
 // each duplicate.
 //
 // One random request token is sent with every retry of this call, so a
-// retried Mark returns its first answer (new stays new).
+// retried Mark returns its first answer (new stays new). An ID given twice
+// in items is decided by its first occurrence; a later one answers as a
+// second call would (CodeDuplicate, or CodeConflict with another digest),
+// and so does it in every retry.
 //
 // Errors: NotFound (unknown namespace), InvalidArgument (bad ID, digest over
 // 64 bytes, TTL out of range, batch too large; nothing is applied),
@@ -163,7 +166,9 @@ func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item,
 // CodeConflict (recorded with another digest). lease is the lease duration
 // (0: the namespace default lease).
 //
-// Like Mark, one request token is kept across the retries of this call.
+// Like Mark, one request token is kept across the retries of this call,
+// and an ID given twice is decided by its first occurrence (a later one
+// answers CodeInProgress while the lease is live).
 func (c *Client) Claim(ctx context.Context, namespace string, items []Item, lease time.Duration) ([]Result, error) {
 	return c.claim(ctx, "", namespace, items, lease, NewRequestToken())
 }

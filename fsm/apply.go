@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -123,6 +124,7 @@ type applier struct {
 	// computed once per item for the lookup and the filter add.
 	hbuf []byte
 	sc   lookupScratch
+	rep  repeats // the current op's repeated items
 	kbuf []byte
 	vbuf []byte
 	// hot is the bucket most recently written to and hotN the records
@@ -485,10 +487,63 @@ func (a *applier) op(op *Op) OpResult {
 		return OpResult{Err: fmt.Errorf("%w: Raft index %d exceeds the %d bits of a fencing token's index", ErrFenceRange, a.index, FenceIndexBits)}
 	}
 	res := OpResult{Items: make([]ItemResult, len(op.Items))}
+	a.rep.reset(op)
 	for i := range op.Items {
-		res.Items[i] = a.item(op, ns, &op.Items[i])
+		res.Items[i] = a.item(op, ns, i)
 	}
+	a.rep.reset(nil) // holds nothing of the entry past its apply
 	return res
+}
+
+// repeats recognises, within one op, an item that repeats the ID and the
+// request token of an earlier item of the same op: the same logical call
+// naming one ID twice (`mark X X`, a broker batch holding a redelivered
+// message twice). The first occurrence decides; a repeat is answered as a
+// second call would be, never as a retry of its earlier sibling, although
+// it finds a record carrying its own token (DESIGN.md, "Repeats within a
+// request").
+//
+// The scope is one op, that is one client request: the grouper puts
+// separate requests into separate ops of one entry, and a request retried
+// while its first attempt was still in flight may land in the same entry
+// as that attempt, as another op, and must answer alike. The key is the ID
+// and the token, not the ID alone: a Batcher request carries many
+// callers' items, each with its own token, and a caller's retry sharing a
+// request with another caller's first try of the same ID must still get
+// its own first answer.
+//
+// Only the retry branches of Mark and Claim ask (an item whose token
+// matches its record's), so a request without repeats or retries pays
+// nothing; the first ask builds the set of the items before it, and later
+// asks extend it, O(items) per op in all.
+type repeats struct {
+	op   *Op
+	seen map[string]struct{}
+	n    int // op.Items[:n] are in seen
+	key  []byte
+}
+
+func (r *repeats) reset(op *Op) { r.op, r.seen, r.n = op, nil, 0 }
+
+// of reports whether op.Items[i] repeats the ID and token of an earlier
+// item of the op.
+func (r *repeats) of(i int) bool {
+	if r.seen == nil {
+		r.seen = make(map[string]struct{}, i)
+	}
+	for ; r.n < i; r.n++ {
+		r.seen[string(r.keyOf(&r.op.Items[r.n]))] = struct{}{}
+	}
+	_, ok := r.seen[string(r.keyOf(&r.op.Items[i]))]
+	return ok
+}
+
+// keyOf returns the item's ID and token as one key, the ID's length first so
+// that no two pairs share it.
+func (r *repeats) keyOf(it *Item) []byte {
+	r.key = binary.AppendUvarint(r.key[:0], uint64(len(it.ID)))
+	r.key = append(r.key, it.ID...)
+	return append(r.key, it.Token...)
 }
 
 // setRegion records node id's region ("" removes it).
@@ -505,7 +560,8 @@ func (a *applier) setRegion(id, region string) {
 	must(a.b.Set(storage.NodeRegionKey(id), []byte(region), nil))
 }
 
-func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
+func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
+	it := &op.Items[i]
 	a.hbuf = bloom.HashKey(a.hbuf[:0], ns.ID, it.ID)
 	a.sc.probe.Reset(a.hbuf)
 	rec, bucket, found := a.lookup(ns, it.ID, a.hbuf)
@@ -522,13 +578,21 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 			a.write(ns, it.ID, found, bucket, &nr)
 			return ItemResult{Code: CodeNew, Record: nr}
 		}
+		repeat := false
 		if rec.State == StateCommitted && len(it.Token) > 0 && string(it.Token) == string(rec.Token) {
-			return ItemResult{Code: CodeNew, Record: rec} // a retry of the winning call
+			if repeat = a.rep.of(i); !repeat {
+				return ItemResult{Code: CodeNew, Record: rec} // a retry of the winning call
+			}
 		}
 		if !equalDigest(rec.Digest, it.Digest) {
 			return ItemResult{Code: CodeConflict, Record: rec}
 		}
-		if ns.Mode == ExpirySliding && rec.State == StateCommitted && now+ttl > rec.ExpiresMs {
+		// A repeat writes nothing, as the retry answer it replaces did not:
+		// in a first attempt its sibling just set the expiry, and in a
+		// retried request the sliding sighting was the first attempt's. So
+		// every entry reaches the state it reached before repeats were
+		// recognised (DESIGN.md, "Repeats within a request").
+		if !repeat && ns.Mode == ExpirySliding && rec.State == StateCommitted && now+ttl > rec.ExpiresMs {
 			rec.ExpiresMs = now + ttl
 			a.write(ns, it.ID, true, bucket, &rec)
 		}
@@ -544,7 +608,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, it *Item) ItemResult {
 			return ItemResult{Code: CodeAcquired, Record: nr}
 		}
 		if rec.State == StateLeased {
-			if len(it.Token) > 0 && string(it.Token) == string(rec.Token) {
+			if len(it.Token) > 0 && string(it.Token) == string(rec.Token) && !a.rep.of(i) {
 				return ItemResult{Code: CodeAcquired, Record: rec} // a retry of the winning call
 			}
 			return ItemResult{Code: CodeInProgress, Record: rec}

@@ -96,7 +96,9 @@ type Item struct {
 	Digest []byte
 	// Token is the request token of the logical call this item belongs to
 	// (at most MaxTokenBytes). Retries carry the same token and get the
-	// first answer back.
+	// first answer back. An item whose ID and token an earlier item of
+	// its op carries is no retry: it is answered as a second call would
+	// be (DESIGN.md, "Repeats within a request").
 	Token []byte
 	// Fence is the fencing token for Commit, Renew and Release.
 	Fence uint64

@@ -25,6 +25,11 @@
 //     diverging.
 //  6. Fencing tokens are the Raft index of the entry that granted the claim,
 //     so they only grow, per ID and cluster-wide.
+//  7. Within one op (one client request) the FIRST occurrence of an ID
+//     decides: an item repeating an earlier item's ID and request token is
+//     answered as another call would be (Mark DUPLICATE or CONFLICT, Claim
+//     IN_PROGRESS), not as a retry, and writes nothing. A retried op answers
+//     exactly as its first attempt, repeats included.
 //
 // Snapshot syncs Pebble before returning (so the log may be truncated up to
 // the snapshot index) and streams a consistent Pebble view with a SHA-256

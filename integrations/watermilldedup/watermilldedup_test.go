@@ -228,3 +228,34 @@ func TestRepositoryLenCountsLiveKeys(t *testing.T) {
 		t.Fatalf("Len after marking a, b, c, a = %d, want 3", n)
 	}
 }
+
+// A message delivered twice whose two sightings leave in one Batcher
+// request (README Guarantees (1)): the first is new, the other a
+// duplicate, as if they had been sent one after the other.
+func TestRepositoryTwoSightingsInOneRequestOneIsNew(t *testing.T) {
+	cl := testcluster.Demo(t)
+	b := testcluster.Client(t, cl.Addrs()).NewBatcher(client.WithMaxBatch(2), client.WithLinger(time.Minute))
+	t.Cleanup(func() { b.Close() })
+	repo, err := watermilldedup.NewRepository(b, "one-request", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	dup := make([]bool, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Go(func() { dup[i], errs[i] = repo.IsDuplicate(ctx, "order-7") })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.RPCs != 1 || st.Items != 2 {
+		t.Fatalf("batcher %+v: want both sightings in one request", st)
+	}
+	if dup[0] == dup[1] {
+		t.Fatalf("IsDuplicate answered %v and %v, want one false (new) and one true", dup[0], dup[1])
+	}
+}
