@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/kafkadedup"
 	"github.com/dedupnode/dedupnode/integrations/msgid"
@@ -457,14 +458,29 @@ func TestIDSourcesOrder(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	_, err := kafkadedup.New(kafkadedup.Config{Workers: -1})
+	_, err := kafkadedup.New(kafkadedup.Config{Workers: -1, RetryDelay: -time.Second, InProgressDelay: -1, CommitInterval: -time.Millisecond})
 	if err == nil {
 		t.Fatal("New accepted an empty config")
 	}
-	for _, want := range []string{"Processor", "Namespace", "Handler", "Workers"} {
+	for _, want := range []string{"Processor", "Namespace", "Handler", "Workers", "RetryDelay", "InProgressDelay", "CommitInterval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
+	}
+	// A bound below Workers is refused, not raised to Workers.
+	// New does not call the Processor: a typed nil stands for one.
+	valid := kafkadedup.Config{Processor: (*client.Batcher)(nil), Namespace: "ns", Handler: func(context.Context, *kgo.Record) error { return nil }}
+	for _, tc := range []struct{ workers, maxInFlight int }{{0, 8}, {4, 3}} {
+		cfg := valid
+		cfg.Workers, cfg.MaxInFlight = tc.workers, tc.maxInFlight
+		if _, err := kafkadedup.New(cfg); err == nil || !strings.Contains(err.Error(), "MaxInFlight") || !strings.Contains(err.Error(), "below Workers") {
+			t.Errorf("Workers %d, MaxInFlight %d: %v", tc.workers, tc.maxInFlight, err)
+		}
+	}
+	cfg := valid
+	cfg.Workers, cfg.MaxInFlight = 4, 4
+	if _, err := kafkadedup.New(cfg); err != nil {
+		t.Errorf("MaxInFlight = Workers: %v", err)
 	}
 }
 
