@@ -405,3 +405,29 @@ func TestDebeziumIDKeylessImage(t *testing.T) {
 		t.Errorf("keyed row: IDs %s, %s depend on the image", a, b)
 	}
 }
+
+// ParseDebezium reports a snapshot read (by op r, or by source.snapshot)
+// and the row image's hash, which ignores the serialisation.
+func TestParseDebeziumSnapshotAndImage(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		snapshot    bool
+	}{
+		{"postgres snapshot", keylessEvent(pgSnapshotSource, "r", "null", auditRow(1), "1"), true},
+		{"incremental snapshot marker, op r", keylessEvent(strings.Replace(pgSnapshotSource, `"snapshot":"true"`, `"snapshot":"incremental"`, 1), "r", "null", auditRow(1), "1"), true},
+		{"old boolean snapshot flag", keylessEvent(strings.Replace(mysqlSnapshotSource, `"snapshot":"true"`, `"snapshot":true`, 1), "c", "null", auditRow(1), "1"), true},
+		{"streamed", keylessEvent(pgCopySource, "c", "null", auditRow(1), "1"), false},
+	} {
+		ch, err := ParseDebezium([]byte(tc.value))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ch.Snapshot != tc.snapshot {
+			t.Errorf("%s: Snapshot %v, want %v", tc.name, ch.Snapshot, tc.snapshot)
+		}
+		again, err := ParseDebezium([]byte(reorder(t, tc.value)))
+		if err != nil || len(ch.Image) != 64 || again.Image != ch.Image {
+			t.Errorf("%s: image %q, reordered %q (%v)", tc.name, ch.Image, again.Image, err)
+		}
+	}
+}
