@@ -17,10 +17,19 @@ import (
 // ledger can refuse to apply one event twice: the second, idempotency
 // layer that a consumer needs for the one case no dedup store can close
 // alone, a crash between the effect and the commit.
+//
+// It is an effect store to copy, so it is durable: an Apply that returned
+// nil is on disk (its write-ahead log record synced), because the consumer
+// goes on to commit the event's ID in dedupnode, after which the event is
+// never delivered again — an effect lost in a crash after that would be
+// lost for good. Opening a ledger loads its stored balances. A write that
+// a crash (kill -9, power loss) cut short was never acknowledged: Pebble's
+// log replay drops a torn last record, and the event, not committed in
+// dedupnode, is delivered and applied again.
 type Ledger struct {
 	mu       sync.Mutex
 	db       *pebble.DB
-	balances map[string]int64
+	balances map[string]int64 // as stored
 	applied  int64
 	repeats  map[string]int // event ID → re-runs refused
 }
@@ -30,8 +39,8 @@ const (
 	balancePrefix = "balance/"
 )
 
-// OpenLedger opens (or creates) the ledger in dir; Pebble logs to logger
-// (nil: discarded).
+// OpenLedger opens (or creates) the ledger in dir, loading its balances;
+// Pebble logs to logger (nil: discarded).
 func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -40,15 +49,37 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
-	return &Ledger{db: db, balances: map[string]int64{}, repeats: map[string]int{}}, nil
+	l := &Ledger{db: db, balances: map[string]int64{}, repeats: map[string]int{}}
+	st, err := l.Scan()
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open ledger: load balances: %w", err)
+	}
+	l.balances = st.Balances
+	return l, nil
 }
 
 // ErrAlreadyApplied means the event's effect is in the ledger already.
 var ErrAlreadyApplied = errors.New("event already applied to the ledger")
 
 // Apply adds amount to account for event id, under the claim's fencing
-// token, in one atomic write; ErrAlreadyApplied if id was applied before.
+// token, in one atomic write, and returns once that write is durable;
+// ErrAlreadyApplied (also once durable) if id was applied before.
 func (l *Ledger) Apply(id string, fence uint64, account string, amount int64) error {
+	werr := l.write(id, fence, account, amount)
+	if werr != nil && !errors.Is(werr, ErrAlreadyApplied) {
+		return werr
+	}
+	if err := l.sync(); err != nil {
+		return err
+	}
+	return werr // nil, or ErrAlreadyApplied once the earlier write is durable too
+}
+
+// write applies the event in memory and to Pebble's log without waiting
+// for the disk. It runs under the lock, so that balance writes reach the
+// log in the order they were computed.
+func (l *Ledger) write(id string, fence uint64, account string, amount int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	key := []byte(appliedPrefix + id)
@@ -73,6 +104,18 @@ func (l *Ledger) Apply(id string, fence uint64, account string, amount int64) er
 	}
 	l.balances[account] = bal
 	l.applied++
+	return nil
+}
+
+// sync makes every write logged so far durable. It runs outside the lock:
+// Pebble syncs its log once for all the Applies waiting at that moment
+// (group commit), where a sync under the lock would cost one disk flush
+// per event. An Apply that finds its event applied syncs too, since the
+// write it found may still be waiting for its own sync.
+func (l *Ledger) sync() error {
+	if err := l.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("ledger: sync: %w", err)
+	}
 	return nil
 }
 

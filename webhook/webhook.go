@@ -38,6 +38,10 @@
 // 4xx as final loses nothing either: the first, in-flight delivery still
 // answers with the real outcome, and if it fails that sender retries it.
 //
+// A request without a usable event ID — none, or an ambiguous one such as
+// an ID header repeated with different values — gets 400 with
+// "Dedupnode-Status: no-id" and reaches neither dedupnode nor the handler.
+//
 // Every answer carries "Dedupnode-Status": processed, duplicate,
 // in-progress, failed, conflict, lease-lost, unavailable, no-id or
 // bad-signature.
@@ -70,14 +74,29 @@ const StatusHeader = "Dedupnode-Status"
 // IDFunc returns the event ID of a request whose body has been read.
 type IDFunc func(r *http.Request, body []byte) ([]byte, error)
 
+// ErrAmbiguousID means a request names more than one event ID, e.g. by
+// repeating the ID header with different values.
+var ErrAmbiguousID = errors.New("ambiguous event ID")
+
 // HeaderID takes the event ID from a request header (e.g.
-// "X-GitHub-Delivery", "Webhook-Id", "Idempotency-Key").
+// "X-GitHub-Delivery", "Webhook-Id", "Idempotency-Key"). A request that
+// repeats the header with different values is refused (ErrAmbiguousID,
+// naming the header): the dedup layer and the handler behind it could each
+// take another of the values for the event's ID, and a later delivery
+// under the other value would be handled again. A header repeated with one
+// value is that value.
 func HeaderID(name string) IDFunc {
 	return func(r *http.Request, _ []byte) ([]byte, error) {
-		if v := r.Header.Get(name); v != "" {
-			return []byte(v), nil
+		vals := r.Header.Values(name)
+		for _, v := range vals {
+			if v != vals[0] {
+				return nil, fmt.Errorf("%w: header %s is repeated with different values (%d values); a request must carry one event ID", ErrAmbiguousID, name, len(vals))
+			}
 		}
-		return nil, fmt.Errorf("%w: no %s header", msgid.ErrNoID, name)
+		if len(vals) == 0 || vals[0] == "" {
+			return nil, fmt.Errorf("%w: no %s header", msgid.ErrNoID, name)
+		}
+		return []byte(vals[0]), nil
 	}
 }
 
@@ -261,7 +280,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = msgid.ErrNoID
 	}
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, "no-id", map[string]any{"error": "no event ID: " + err.Error()})
+		writeJSON(w, http.StatusBadRequest, "no-id", map[string]any{"error": "event ID: " + err.Error()})
 		return
 	}
 	opts := h.cfg.ProcessOptions

@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dedupnode/dedupnode/client"
+	"github.com/dedupnode/dedupnode/integrations/msgid"
 	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 	"github.com/dedupnode/dedupnode/webhook"
@@ -98,9 +100,18 @@ type answer struct {
 
 func deliver(t *testing.T, srv *httptest.Server, id, body string) answer {
 	t.Helper()
+	if id == "" {
+		return deliverIDs(t, srv, body)
+	}
+	return deliverIDs(t, srv, body, id)
+}
+
+// deliverIDs posts body with one Webhook-Id header line per id.
+func deliverIDs(t *testing.T, srv *httptest.Server, body string, ids ...string) answer {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/hooks/payments?x=1", strings.NewReader(body))
-	if id != "" {
-		req.Header.Set("Webhook-Id", id)
+	for _, id := range ids {
+		req.Header.Add("Webhook-Id", id)
 	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
@@ -340,5 +351,73 @@ func TestMiddlewareJSONFieldAndStoreUnavailable(t *testing.T) {
 	}
 	if _, err := webhook.Middleware(webhook.Config{}); err == nil {
 		t.Fatal("Middleware accepted an empty config")
+	}
+}
+
+// A delivery naming two event IDs — the ID header repeated with different
+// values — is refused with 400 naming the header, before it reaches
+// dedupnode or the upstream: the proxy would take one value for the ID and
+// the upstream perhaps the other, and a later delivery of the same body
+// under the other value would go upstream again. A header repeated with
+// one value is that ID.
+func TestProxyRefusesIDHeaderRepeatedWithDifferentValues(t *testing.T) {
+	cl := testcluster.Demo(t)
+	u := newUpstream(t)
+	srv := startProxy(t, newBatcher(t, cl), u, nil)
+
+	const body = `{"amount":10}`
+	a := deliverIDs(t, srv, body, "evt-a", "evt-b")
+	if a.code != http.StatusBadRequest || a.status != "no-id" || !strings.Contains(a.body, "header Webhook-Id is repeated with different values") {
+		t.Fatalf("two IDs: %+v", a)
+	}
+	if n := u.count("evt-a"); n != 0 {
+		t.Fatalf("upstream got the ambiguous delivery %d times", n)
+	}
+	// Neither ID was claimed: each, sent alone, goes upstream once.
+	for _, id := range []string{"evt-b", "evt-a"} {
+		if a = deliver(t, srv, id, body); a.code != http.StatusCreated || a.status != "processed" {
+			t.Fatalf("%s alone: %+v", id, a)
+		}
+		if a = deliver(t, srv, id, body); a.code != http.StatusOK || a.status != "duplicate" {
+			t.Fatalf("%s again: %+v", id, a)
+		}
+		if n := u.count(id); n != 1 {
+			t.Fatalf("upstream got %s %d times, want 1", id, n)
+		}
+	}
+	// An empty value beside a real one is ambiguous too.
+	if a = deliverIDs(t, srv, body, "", "evt-c"); a.code != http.StatusBadRequest || a.status != "no-id" {
+		t.Fatalf("empty and evt-c: %+v", a)
+	}
+
+	// One value repeated names one event.
+	if a = deliverIDs(t, srv, body, "evt-d", "evt-d"); a.code != http.StatusCreated || a.status != "processed" {
+		t.Fatalf("evt-d twice: %+v", a)
+	}
+	if a = deliver(t, srv, "evt-d", body); a.code != http.StatusOK || a.status != "duplicate" {
+		t.Fatalf("evt-d alone after it: %+v", a)
+	}
+	if n := u.count("evt-d"); n != 1 {
+		t.Fatalf("upstream got evt-d %d times, want 1", n)
+	}
+}
+
+func TestHeaderIDRepeated(t *testing.T) {
+	id := webhook.HeaderID("Idempotency-Key")
+	req := func(vals ...string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		for _, v := range vals {
+			r.Header.Add("Idempotency-Key", v)
+		}
+		return r
+	}
+	if _, err := id(req("k1", "k2"), nil); !errors.Is(err, webhook.ErrAmbiguousID) || !strings.Contains(err.Error(), "Idempotency-Key") {
+		t.Errorf("two values: %v, want ErrAmbiguousID naming the header", err)
+	}
+	if got, err := id(req("k1", "k1", "k1"), nil); err != nil || string(got) != "k1" {
+		t.Errorf("one value thrice: %q, %v", got, err)
+	}
+	if _, err := id(req(), nil); !errors.Is(err, msgid.ErrNoID) {
+		t.Errorf("no header: %v, want ErrNoID", err)
 	}
 }

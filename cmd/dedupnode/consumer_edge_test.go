@@ -99,57 +99,96 @@ func TestDemoAndWebhookUsageErrors(t *testing.T) {
 	}
 }
 
+// webhookProxyCmd is a `dedupnode webhook-proxy` run in this process.
+type webhookProxyCmd struct {
+	base   string // http://host:port it listens on
+	done   chan int
+	cancel context.CancelFunc
+	stderr edgeBuffer
+}
+
+// startWebhookProxyCmd runs `dedupnode webhook-proxy args...` until stop,
+// and waits until it listens.
+func startWebhookProxyCmd(t *testing.T, args ...string) *webhookProxyCmd {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &webhookProxyCmd{done: make(chan int, 1), cancel: cancel}
+	t.Cleanup(func() { p.stop(t) })
+	var stdout edgeBuffer
+	go func() {
+		p.done <- run(ctx, append([]string{"webhook-proxy", "--listen", "127.0.0.1:0"}, args...),
+			strings.NewReader(""), &stdout, &p.stderr)
+	}()
+	re := regexp.MustCompile(`listening on (http://\S+),`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			p.base = m[1]
+			return p
+		}
+		select {
+		case code := <-p.done:
+			p.done <- code
+			t.Fatalf("webhook-proxy exited %d: %s", code, p.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("webhook-proxy did not start: %s %s", stdout.String(), p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop cancels the command (Ctrl-C) and checks that it exits 0.
+func (p *webhookProxyCmd) stop(t *testing.T) {
+	t.Helper()
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	p.cancel = nil
+	select {
+	case code := <-p.done:
+		if code != exitOK {
+			t.Errorf("exit %d after cancel: %s", code, p.stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("webhook-proxy did not stop")
+	}
+}
+
 // `dedupnode webhook-proxy` in front of a real upstream, against a real
-// cluster: first delivery forwarded, repeats answered as duplicates, Ctrl-C
+// cluster: first delivery forwarded, repeats answered as duplicates, a
+// delivery repeating the ID header with different values refused, Ctrl-C
 // (context cancel) stops it with exit 0.
 func TestWebhookProxyCommand(t *testing.T) {
 	cl := testcluster.New(t, devcluster.Config{Nodes: 3})
 	var mu sync.Mutex
-	hits := 0
+	hits := map[string]int{}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
-		hits++
+		hits[r.URL.Path]++
 		mu.Unlock()
-		if r.URL.Path != "/hooks/stripe" {
+		if r.URL.Path != "/hooks/stripe" && r.URL.Path != "/hooks/github" {
 			http.Error(w, "wrong path "+r.URL.Path, http.StatusNotFound)
 			return
 		}
 		io.WriteString(w, "thanks")
 	}))
 	t.Cleanup(up.Close)
+	upstreamHits := func(path string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits[path]
+	}
 
 	secretFile := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secretFile, []byte("rotated-out\nwhsec_cmd\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr edgeBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"webhook-proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL + "/hooks",
-			"--id-json-field", "id", "--namespace", "stripe-events", "--addr", strings.Join(cl.Addrs(), ","),
-			"--signature", "stripe", "--signature-secret-file", secretFile},
-			strings.NewReader(""), &stdout, &stderr)
-	}()
-	re := regexp.MustCompile(`listening on (http://\S+),`)
-	var base string
-	deadline := time.Now().Add(30 * time.Second)
-	for base == "" {
-		if m := re.FindStringSubmatch(stdout.String()); m != nil {
-			base = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("webhook-proxy exited %d: %s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("webhook-proxy did not start: %s %s", stdout.String(), stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p := startWebhookProxyCmd(t, "--upstream", up.URL+"/hooks",
+		"--id-json-field", "id", "--namespace", "stripe-events", "--addr", strings.Join(cl.Addrs(), ","),
+		"--signature", "stripe", "--signature-secret-file", secretFile)
 
 	const body = `{"id":"evt_1","type":"charge.succeeded"}`
 	sign := func(secret string) string {
@@ -159,7 +198,7 @@ func TestWebhookProxyCommand(t *testing.T) {
 		return "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
 	}
 	postSigned := func(sig string) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, base+"/stripe", strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, p.base+"/stripe", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Stripe-Signature", sig)
 		resp, err := http.DefaultClient.Do(req)
@@ -179,20 +218,47 @@ func TestWebhookProxyCommand(t *testing.T) {
 	if code, st := post(); code != http.StatusOK || st != "duplicate" {
 		t.Fatalf("second delivery: %d %s", code, st)
 	}
-	mu.Lock()
-	if hits != 1 {
-		t.Fatalf("upstream hit %d times, want 1", hits)
+	if n := upstreamHits("/hooks/stripe"); n != 1 {
+		t.Fatalf("upstream hit %d times, want 1", n)
 	}
-	mu.Unlock()
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("exit %d after cancel: %s", code, stderr.String())
+	p.stop(t)
+
+	// --id-header: a delivery carrying the header twice with different
+	// values names two events; it is refused before dedupnode and the
+	// upstream, and each value sent alone goes upstream once.
+	g := startWebhookProxyCmd(t, "--upstream", up.URL+"/hooks", "--id-header", "X-GitHub-Delivery",
+		"--namespace", "github-events", "--addr", strings.Join(cl.Addrs(), ","))
+	deliver := func(ids ...string) (int, string, string) {
+		req, _ := http.NewRequest(http.MethodPost, g.base+"/github", strings.NewReader(`{"action":"opened"}`))
+		for _, id := range ids {
+			req.Header.Add("X-GitHub-Delivery", id)
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("webhook-proxy did not stop")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Dedupnode-Status"), string(b)
 	}
+	if code, st, b := deliver("d-1", "d-2"); code != http.StatusBadRequest || st != "no-id" || !strings.Contains(b, "X-GitHub-Delivery is repeated with different values") {
+		t.Fatalf("two delivery IDs: %d %s %s", code, st, b)
+	}
+	if n := upstreamHits("/hooks/github"); n != 0 {
+		t.Fatalf("the ambiguous delivery went upstream (%d)", n)
+	}
+	for _, id := range []string{"d-2", "d-1"} {
+		if code, st, b := deliver(id); code != http.StatusOK || st != "processed" {
+			t.Fatalf("%s alone: %d %s %s", id, code, st, b)
+		}
+		if code, st, b := deliver(id); code != http.StatusOK || st != "duplicate" {
+			t.Fatalf("%s again: %d %s %s", id, code, st, b)
+		}
+	}
+	if n := upstreamHits("/hooks/github"); n != 2 {
+		t.Fatalf("upstream hit %d times, want 2", n)
+	}
+	g.stop(t)
 }
 
 // Help names every broker the demo runs, and does not call RabbitMQ

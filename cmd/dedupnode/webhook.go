@@ -46,8 +46,11 @@ answers with the real outcome.
 The event ID comes from a header (--id-header, e.g. Webhook-Id,
 X-GitHub-Delivery, Idempotency-Key), a field of the JSON body
 (--id-json-field, e.g. id or data.object.id), or the body's SHA-256
-(--id-content). Only POST requests are deduplicated; other methods pass
-through. Every answer carries "Dedupnode-Status".
+(--id-content). A request without an ID, or repeating the --id-header
+header with different values (two event IDs), gets 400 ("Dedupnode-Status:
+no-id") and goes neither to dedupnode nor upstream. Only POST requests are
+deduplicated; other methods pass through. Every answer carries
+"Dedupnode-Status".
 
 Signatures (--signature): github (X-Hub-Signature-256), stripe
 (Stripe-Signature, timestamp within --stripe-tolerance), or hmac (a
@@ -180,7 +183,7 @@ func newWebhookProxyCmd(e *env) *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&listen, "listen", "127.0.0.1:8088", "`ADDR` to accept webhooks on (HOST:PORT; port 0 picks a free one)")
 	fs.StringVar(&upstream, "upstream", "", "`URL` of the endpoint that handles the webhooks (request paths are appended to its path)")
-	fs.StringVar(&idHeader, "id-header", "", "take the event ID from header `NAME`")
+	fs.StringVar(&idHeader, "id-header", "", "take the event ID from header `NAME` (a request repeating it with different values gets 400)")
 	fs.StringVar(&idJSON, "id-json-field", "", "take the event ID from JSON body field `PATH` (dots for nesting, e.g. data.object.id)")
 	fs.BoolVar(&idContent, "id-content", false, "derive the event ID from the body's SHA-256 (identical bodies are the same event)")
 	fs.StringVar(&ns, "namespace", "webhooks", "dedupnode `NAMESPACE` of the event IDs")

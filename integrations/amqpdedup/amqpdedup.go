@@ -228,6 +228,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.InProgressDelay < 0 {
 		errs = append(errs, fmt.Errorf("InProgressDelay %v is negative", cfg.InProgressDelay))
 	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("Timeout %v is negative (0: no bound)", cfg.Timeout))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("amqpdedup: %w", err)
 	}

@@ -490,11 +490,11 @@ func TestIDsRejectsAndDeadLetters(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	_, err := amqpdedup.New(amqpdedup.Config{RetryDelay: -time.Second})
+	_, err := amqpdedup.New(amqpdedup.Config{RetryDelay: -time.Second, InProgressDelay: -1, Timeout: -time.Second})
 	if err == nil {
 		t.Fatal("New accepted an empty config")
 	}
-	for _, field := range []string{"Processor", "Namespace", "Handler", "RetryDelay"} {
+	for _, field := range []string{"Processor", "Namespace", "Handler", "RetryDelay", "InProgressDelay", "Timeout"} {
 		if !strings.Contains(err.Error(), field) {
 			t.Fatalf("error %q does not name %s", err, field)
 		}

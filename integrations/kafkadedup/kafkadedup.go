@@ -182,8 +182,9 @@ type Config struct {
 	// Workers is the number of records handled at once (default 16).
 	Workers int
 	// MaxInFlight bounds the records polled and not yet finished (default
-	// 4 × Workers): a record that cannot finish (its handler fails again
-	// and again) stops the consumer from running ahead of it unboundedly.
+	// 4 × Workers; at least Workers): a record that cannot finish (its
+	// handler fails again and again) stops the consumer from running ahead
+	// of it unboundedly.
 	MaxInFlight int
 	// RetryDelay is the wait before a record is tried again after a
 	// handler error, a lost lease or an unreachable cluster (default 1 s).
@@ -282,6 +283,14 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.Workers < 0 || cfg.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("Workers (%d) and MaxInFlight (%d) must not be negative", cfg.Workers, cfg.MaxInFlight))
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"RetryDelay", cfg.RetryDelay}, {"InProgressDelay", cfg.InProgressDelay}, {"CommitInterval", cfg.CommitInterval}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v is negative (0: the default)", d.name, d.v))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("kafkadedup: %w", err)
 	}
@@ -294,14 +303,18 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = 4 * cfg.Workers
 	}
-	cfg.MaxInFlight = max(cfg.MaxInFlight, cfg.Workers)
-	if cfg.RetryDelay <= 0 {
+	if cfg.MaxInFlight < cfg.Workers {
+		// Raising it to Workers silently would let more records in
+		// flight than asked.
+		return nil, fmt.Errorf("kafkadedup: MaxInFlight %d is below Workers %d: each worker handles a record in flight", cfg.MaxInFlight, cfg.Workers)
+	}
+	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = time.Second
 	}
-	if cfg.InProgressDelay <= 0 {
+	if cfg.InProgressDelay == 0 {
 		cfg.InProgressDelay = 5 * time.Second
 	}
-	if cfg.CommitInterval <= 0 {
+	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = time.Second
 	}
 	if cfg.Logger == nil {

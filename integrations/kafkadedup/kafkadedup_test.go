@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/demo"
 	"github.com/dedupnode/dedupnode/integrations/kafkadedup"
 	"github.com/dedupnode/dedupnode/integrations/msgid"
@@ -457,14 +458,29 @@ func TestIDSourcesOrder(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	_, err := kafkadedup.New(kafkadedup.Config{Workers: -1})
+	_, err := kafkadedup.New(kafkadedup.Config{Workers: -1, RetryDelay: -time.Second, InProgressDelay: -1, CommitInterval: -time.Millisecond})
 	if err == nil {
 		t.Fatal("New accepted an empty config")
 	}
-	for _, want := range []string{"Processor", "Namespace", "Handler", "Workers"} {
+	for _, want := range []string{"Processor", "Namespace", "Handler", "Workers", "RetryDelay", "InProgressDelay", "CommitInterval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
+	}
+	// A bound below Workers is refused, not raised to Workers.
+	// New does not call the Processor: a typed nil stands for one.
+	valid := kafkadedup.Config{Processor: (*client.Batcher)(nil), Namespace: "ns", Handler: func(context.Context, *kgo.Record) error { return nil }}
+	for _, tc := range []struct{ workers, maxInFlight int }{{0, 8}, {4, 3}} {
+		cfg := valid
+		cfg.Workers, cfg.MaxInFlight = tc.workers, tc.maxInFlight
+		if _, err := kafkadedup.New(cfg); err == nil || !strings.Contains(err.Error(), "MaxInFlight") || !strings.Contains(err.Error(), "below Workers") {
+			t.Errorf("Workers %d, MaxInFlight %d: %v", tc.workers, tc.maxInFlight, err)
+		}
+	}
+	cfg := valid
+	cfg.Workers, cfg.MaxInFlight = 4, 4
+	if _, err := kafkadedup.New(cfg); err != nil {
+		t.Errorf("MaxInFlight = Workers: %v", err)
 	}
 }
 
@@ -516,5 +532,66 @@ func TestDebeziumReEmittedEventsTakeEffectOnce(t *testing.T) {
 	}
 	if ob.get("duplicate") != 5 || ob.get("skip") != 1 {
 		t.Fatalf("outcomes %v: want the 5 re-emitted events duplicate and the tombstone skipped", ob.n)
+	}
+}
+
+// A table without a primary key: its records have no key, and a snapshot
+// reads every row at the snapshot's position. Each of 1,000 rows takes
+// effect once, and the events a restarted connector re-emits are
+// duplicates.
+func TestDebeziumKeylessSnapshotRowsTakeEffectOnce(t *testing.T) {
+	const rows = 1000
+	e := setup(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	read := func(i int, processedAt string) *kgo.Record {
+		v := fmt.Sprintf(`{"before":null,"after":{"actor":"user-%d","action":"login","at":%d},`+
+			`"source":{"version":"2.5.0.Final","connector":"postgresql","name":"dbserver1","ts_ms":1701423000000,`+
+			`"snapshot":"true","db":"inventory","sequence":"[null,\"24023064\"]","schema":"public",`+
+			`"table":"audit_log","txId":555,"lsn":24023064,"xmin":null},"op":"r","ts_ms":%s,"transaction":null}`,
+			i%37, 1701423000000+i, processedAt)
+		return &kgo.Record{Value: []byte(v)}
+	}
+	var recs []*kgo.Record
+	for i := range rows {
+		recs = append(recs, read(i, "1701423000100"))
+	}
+	for i := range rows {
+		recs = append(recs, read(i, "1701423999999")) // re-emitted after a restart
+	}
+	e.produce(ctx, recs...)
+
+	var mu sync.Mutex
+	applied := map[string]int{}
+	var ob outcomes
+	e.start(t, "g-cdc-keyless", kafkadedup.Config{
+		Handler: func(ctx context.Context, rec *kgo.Record) error {
+			var ev struct {
+				After json.RawMessage `json:"after"`
+			}
+			if err := json.Unmarshal(rec.Value, &ev); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			applied[string(ev.After)]++
+			return nil
+		},
+		ID:      kafkadedup.DebeziumID(),
+		Observe: ob.observe,
+	})
+	e.waitCommitted(t, "g-cdc-keyless", 2*rows)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != rows {
+		t.Fatalf("%d rows took effect, want %d (outcomes %v)", len(applied), rows, ob.n)
+	}
+	for row, n := range applied {
+		if n != 1 {
+			t.Errorf("row %s took effect %d times", row, n)
+		}
+	}
+	if ob.get("duplicate") != rows {
+		t.Fatalf("outcomes %v: want the %d re-emitted events duplicate", ob.n, rows)
 	}
 }

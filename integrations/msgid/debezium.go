@@ -17,20 +17,31 @@ var ErrUnsupportedConnector = errors.New("unsupported Debezium connector")
 
 // DebeziumChange is what DebeziumID reads from a Debezium change event.
 type DebeziumChange struct {
-	// Connector is source.connector ("postgresql", "mysql"); Name is
-	// source.name, the connector's logical server name (topic prefix).
+	// Connector is source.connector ("postgresql", "mysql", "sqlserver");
+	// Name is source.name, the connector's logical server name (topic
+	// prefix).
 	Connector, Name string
 	// Position is the change's place in the database's log, as
 	// "field=value" pairs in a fixed order: Postgres "lsn=…" (and
-	// "txId=…"), MySQL "gtid=…" if set, "file=…", "pos=…", "row=…".
+	// "txId=…"); MySQL "gtid=…" if set, "file=…", "pos=…", "row=…"; SQL
+	// Server "commit_lsn=…", "change_lsn=…" and "event_serial_no=…" if
+	// set.
 	Position []string
 	// TxID and TxOrder are the transaction block's id and total_order, if
 	// the connector emits transaction metadata.
 	TxID, TxOrder string
-	// Table is db.schema.table (Postgres) or db.table (MySQL).
+	// Table is db.schema.table (Postgres, SQL Server) or db.table (MySQL).
 	Table string
 	// Op is the operation: c, u, d, r (snapshot read), t (truncate).
 	Op string
+	// Snapshot is set for the events of a snapshot (op r, or a
+	// source.snapshot other than false): they all carry the position at
+	// which the snapshot started.
+	Snapshot bool
+	// Image is the lower-case hex SHA-256 of the row's before and after
+	// images ({"after":…,"before":…} as compact JSON, object keys sorted,
+	// numbers as written).
+	Image string
 }
 
 // MaxDebeziumIDLen bounds DebeziumID's IDs (a namespace accepts 512 bytes
@@ -39,21 +50,37 @@ const MaxDebeziumIDLen = 256
 
 // DebeziumID derives a stable message ID from a Debezium change event
 // value (JSON, with or without the {"schema":…,"payload":…} envelope) and
-// its record key (JSON, with or without the envelope; nil if none). A
-// connector that restarts re-emits the events after its last recorded
-// offset; they carry the same source position, so they get the same ID,
-// and dedupnode answers duplicate.
+// its record key (JSON, with or without the envelope; nil, empty or null
+// for a table without a key). A connector that restarts re-emits the
+// events after its last recorded offset; they carry the same source
+// position and row, so they get the same ID, and dedupnode answers
+// duplicate.
 //
 // The ID is built from the connector and its logical server name, the
 // source position (Postgres: lsn and txId; MySQL: gtid if present, binlog
-// file, pos and row), the transaction block's id and total_order if
-// present, the table, the operation and the key. Fields that change
-// between emissions of one change (ts_ms, the payload's processing time)
-// are left out. A key longer than 128 bytes enters as its SHA-256, and an
-// ID longer than MaxDebeziumIDLen is replaced by its SHA-256. Events
-// from other connectors fail with ErrUnsupportedConnector; an event
-// missing a position field fails naming it. Heartbeats, schema-change
-// events and tombstones carry no row change and fail with ErrNoID.
+// file, pos and row, the row's index within its binlog event; SQL Server:
+// commit_lsn, change_lsn and event_serial_no), the transaction block's id
+// and total_order if present, the table, the operation, and the record
+// key, which tells apart the rows that share a position.
+//
+// A keyless row (no record key) is told apart by its position where that
+// is the row's own: a MySQL binlog event's row index, a SQL Server
+// change_lsn and event_serial_no, a Postgres lsn of an update or delete,
+// a transaction block's total_order. Where rows share a position — every
+// row of a snapshot carries the snapshot's, and the rows that one
+// Postgres COPY writes in a single WAL record share its lsn — the ID adds
+// "image=sha256:" and the SHA-256 of the row's before and after images
+// instead: rows with different contents get different IDs, but identical
+// rows of a keyless table read at one position are one ID (nothing in the
+// events tells them apart from a re-emission).
+//
+// Fields that change between emissions of one change (ts_ms, the
+// payload's processing time; source.snapshot's first/last markers) are
+// left out. A key longer than 128 bytes enters as its SHA-256, and an ID
+// longer than MaxDebeziumIDLen is replaced by its SHA-256. Events from
+// other connectors fail with ErrUnsupportedConnector; an event missing a
+// position field fails naming it. Heartbeats, schema-change events and
+// tombstones carry no row change and fail with ErrNoID.
 func DebeziumID(key, value []byte) ([]byte, error) {
 	if v := bytes.TrimSpace(value); len(v) == 0 || string(v) == "null" {
 		// The tombstone Kafka Connect writes after a delete, for log
@@ -64,29 +91,46 @@ func DebeziumID(key, value []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	k, err := canonicalKey(key)
+	if err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "dbz:%s/%s/%s", ch.Connector, ch.Name, strings.Join(ch.Position, ","))
 	if ch.TxID != "" {
 		fmt.Fprintf(&b, "/tx=%s#%s", ch.TxID, ch.TxOrder)
 	}
 	fmt.Fprintf(&b, "/%s/%s", ch.Table, ch.Op)
-	if len(key) > 0 {
-		k, err := canonicalKey(key)
-		if err != nil {
-			return nil, err
-		}
+	switch {
+	case k != nil:
 		if len(k) > 128 {
 			sum := sha256.Sum256(k)
 			k = []byte("sha256:" + hex.EncodeToString(sum[:]))
 		}
 		b.WriteString("/")
 		b.Write(k)
+	case sharedPosition(ch):
+		b.WriteString("/image=sha256:" + ch.Image)
 	}
 	if b.Len() > MaxDebeziumIDLen {
 		sum := sha256.Sum256([]byte(b.String()))
 		return []byte("dbz:sha256:" + hex.EncodeToString(sum[:])), nil
 	}
 	return []byte(b.String()), nil
+}
+
+// sharedPosition reports whether other rows' events may carry ch's exact
+// position (and transaction order), so that a keyless row needs its image
+// to be told apart: snapshot reads all carry the snapshot's position, and
+// Postgres decodes the rows of one multi-row WAL record (COPY's
+// heap_multi_insert) as inserts at that record's lsn. MySQL numbers the
+// rows of a binlog event (row) and SQL Server the events of one change
+// (event_serial_no); a transaction block numbers every event (total_order).
+func sharedPosition(ch DebeziumChange) bool {
+	if ch.TxID != "" {
+		return false
+	}
+	return ch.Snapshot || (ch.Connector == "postgresql" && ch.Op == "c")
 }
 
 // ParseDebezium reads the fields DebeziumID uses from a Debezium change
@@ -185,9 +229,34 @@ func ParseDebezium(value []byte) (DebeziumChange, error) {
 			row = "0"
 		}
 		ch.Position = append(ch.Position, "row="+row)
+	case "sqlserver":
+		schema, err := str(src, "source", "schema", false)
+		if err != nil {
+			return ch, err
+		}
+		ch.Table = joinNonEmpty(db, schema, table)
+		// A snapshot's events carry only the commit_lsn the snapshot
+		// read at; a streamed change has all three.
+		if err := pos("commit_lsn", true); err != nil {
+			return ch, err
+		}
+		if err := pos("change_lsn", false); err != nil {
+			return ch, err
+		}
+		if err := pos("event_serial_no", false); err != nil {
+			return ch, err
+		}
 	default:
-		return ch, fmt.Errorf("%w: %q (want postgresql or mysql)", ErrUnsupportedConnector, ch.Connector)
+		return ch, fmt.Errorf("%w: %q (want postgresql, mysql or sqlserver)", ErrUnsupportedConnector, ch.Connector)
 	}
+	switch s := src["snapshot"].(type) {
+	case bool:
+		ch.Snapshot = s
+	case string:
+		// "true", "first", "last", "incremental", …: any but "false".
+		ch.Snapshot = s != "" && s != "false"
+	}
+	ch.Snapshot = ch.Snapshot || ch.Op == "r"
 	if txV, ok := ev["transaction"]; ok && txV != nil {
 		tx, ok := txV.(map[string]any)
 		if !ok {
@@ -200,6 +269,12 @@ func ParseDebezium(value []byte) (DebeziumChange, error) {
 			return ch, err
 		}
 	}
+	img, err := canonicalJSON(map[string]any{"before": ev["before"], "after": ev["after"]})
+	if err != nil {
+		return ch, fmt.Errorf("debezium event: row image: %w", err)
+	}
+	sum := sha256.Sum256(img)
+	ch.Image = hex.EncodeToString(sum[:])
 	return ch, nil
 }
 
@@ -215,24 +290,41 @@ func unwrapEnvelope(ev map[string]any) map[string]any {
 }
 
 // canonicalKey returns the record key's payload as compact JSON with
-// object keys sorted, so that two serialisations of one key match.
+// object keys sorted, so that two serialisations of one key match; nil for
+// a table without a key (no key, or a null one).
 func canonicalKey(key []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(key)) == 0 {
+		return nil, nil
+	}
 	v, err := decodeJSON(key)
 	if err != nil {
 		return nil, fmt.Errorf("debezium key: %w", err)
 	}
 	if obj, ok := v.(map[string]any); ok {
+		if p, hasPayload := obj["payload"]; hasPayload && p == nil && len(obj) == 2 && obj["schema"] == nil {
+			// The JSON converter's envelope of a null key.
+			return nil, nil
+		}
 		v = unwrapEnvelope(obj)
 	}
 	if v == nil {
-		return nil, fmt.Errorf("%w: debezium key is null", ErrNoID)
+		return nil, nil
 	}
-	// encoding/json sorts map keys and keeps json.Number literals.
+	k, err := canonicalJSON(v)
+	if err != nil {
+		return nil, fmt.Errorf("debezium key: %w", err)
+	}
+	return k, nil
+}
+
+// canonicalJSON encodes v (from decodeJSON) as compact JSON:
+// encoding/json sorts map keys and keeps json.Number literals as written.
+func canonicalJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("debezium key: %w", err)
+		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

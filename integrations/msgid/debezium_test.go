@@ -1,7 +1,10 @@
 package msgid
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -154,7 +157,8 @@ func TestDebeziumIDErrors(t *testing.T) {
 		{"bad file", mysqlEvent(strings.Replace(mysqlSource, `"file":"mysql-bin.000003"`, `"file":{}`, 1), "1"), "source.file is an object", nil},
 		{"no op", strings.Replace(pgEvent(pgSource, "1"), `"op":"u",`, ``, 1), "payload.op is missing", nil},
 		{"no connector", pgEvent(strings.Replace(pgSource, `"connector":"postgresql",`, ``, 1), "1"), "source.connector is missing", nil},
-		{"sqlserver", pgEvent(strings.Replace(pgSource, `"connector":"postgresql"`, `"connector":"sqlserver"`, 1), "1"), `"sqlserver"`, ErrUnsupportedConnector},
+		{"mongodb", pgEvent(strings.Replace(pgSource, `"connector":"postgresql"`, `"connector":"mongodb"`, 1), "1"), `"mongodb"`, ErrUnsupportedConnector},
+		{"sqlserver without commit_lsn", sqlServerEvent(strings.Replace(sqlServerSource, `"commit_lsn":"00000027:00000758:0005",`, ``, 1), `{"id":1}`, "c", "1"), "source.commit_lsn is missing", nil},
 		{"bad transaction", strings.Replace(pgEvent(pgSource, "1"), `"transaction":null`, `"transaction":{"id":"1"}`, 1), "transaction.total_order is missing", nil},
 	} {
 		_, err := DebeziumID(nil, []byte(tc.value))
@@ -166,6 +170,9 @@ func TestDebeziumIDErrors(t *testing.T) {
 		}
 	}
 	if _, err := DebeziumID([]byte(`nope`), []byte(pgEvent(pgSource, "1"))); err == nil || !strings.Contains(err.Error(), "debezium key") {
+		t.Errorf("bad key: %v", err)
+	}
+	if _, err := DebeziumID([]byte(`{"id":1} {}`), []byte(pgEvent(pgSource, "1"))); err == nil || !strings.Contains(err.Error(), "debezium key") {
 		t.Errorf("bad key: %v", err)
 	}
 }
@@ -191,6 +198,8 @@ func FuzzDebeziumID(f *testing.F) {
 	f.Add([]byte(`{"payload":{"id":1}}`), []byte(strings.Replace(pgEvent(pgSource, "1"), `"transaction":null`, `"transaction":{"id":"5","total_order":1}`, 1)))
 	f.Add([]byte(`1`), []byte(`{"payload":{"source":{"connector":"mysql","name":"x","file":"f","pos":1},"op":"c"}}`))
 	f.Add([]byte(``), []byte(`{"source":null}`))
+	f.Add([]byte(`null`), []byte(keylessEvent(pgSnapshotSource, "r", "null", auditRow(1), "1")))
+	f.Add([]byte(`{"schema":null,"payload":null}`), []byte(sqlServerEvent(sqlServerSnapshotSource, auditRow(2), "r", "1")))
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		id, err := DebeziumID(key, value)
 		if err != nil {
@@ -207,4 +216,218 @@ func FuzzDebeziumID(f *testing.F) {
 			t.Fatalf("not deterministic: %q then %q, %v", id, again, err)
 		}
 	})
+}
+
+// Source blocks of keyless tables (no primary key: the record key is
+// null), as each connector writes them.
+const (
+	// A Postgres snapshot: every row carries the snapshot's lsn and txId.
+	pgSnapshotSource = `{"version":"2.5.0.Final","connector":"postgresql","name":"dbserver1","ts_ms":1701423000000,` +
+		`"snapshot":"true","db":"inventory","sequence":"[null,\"24023064\"]","schema":"public",` +
+		`"table":"audit_log","txId":555,"lsn":24023064,"xmin":null}`
+	// A Postgres COPY: the rows of one multi-insert WAL record share its lsn.
+	pgCopySource = `{"version":"2.5.0.Final","connector":"postgresql","name":"dbserver1","ts_ms":1701423000500,` +
+		`"snapshot":"false","db":"inventory","sequence":"[\"24023064\",\"24031512\"]","schema":"public",` +
+		`"table":"audit_log","txId":561,"lsn":24031512,"xmin":null}`
+	// A MySQL snapshot: every row carries the binlog position read when
+	// the snapshot began, row 0.
+	mysqlSnapshotSource = `{"version":"2.5.0.Final","connector":"mysql","name":"mysql-server-1","ts_ms":1701423100000,` +
+		`"snapshot":"true","db":"inventory","sequence":null,"table":"audit_log","server_id":0,` +
+		`"gtid":null,"file":"mysql-bin.000003","pos":157,"row":0,"thread":null,"query":null}`
+	// SQL Server streaming: the change's commit_lsn and change_lsn, and
+	// event_serial_no for the events of one change.
+	sqlServerSource = `{"version":"2.5.0.Final","connector":"sqlserver","name":"server1","ts_ms":1701423200000,` +
+		`"snapshot":"false","db":"testDB","sequence":null,"schema":"dbo","table":"audit_log",` +
+		`"change_lsn":"00000027:00000758:0003","commit_lsn":"00000027:00000758:0005","event_serial_no":1}`
+	// A SQL Server snapshot: only the commit_lsn the snapshot read at.
+	sqlServerSnapshotSource = `{"version":"2.5.0.Final","connector":"sqlserver","name":"server1","ts_ms":1701423200000,` +
+		`"snapshot":"true","db":"testDB","sequence":null,"schema":"dbo","table":"audit_log",` +
+		`"change_lsn":null,"commit_lsn":"00000027:00000758:0005","event_serial_no":null}`
+)
+
+// auditRow is row i of a keyless audit_log table.
+func auditRow(i int) string {
+	return fmt.Sprintf(`{"actor":"user-%d","action":"login","at":%d}`, i%37, 1701423000000+int64(i))
+}
+
+func keylessEvent(source, op, before, after, processedAt string) string {
+	return `{"before":` + before + `,"after":` + after + `,"source":` + source +
+		`,"op":"` + op + `","ts_ms":` + processedAt + `,"transaction":null}`
+}
+
+func sqlServerEvent(source, after, op, processedAt string) string {
+	return keylessEvent(source, op, "null", after, processedAt)
+}
+
+// A table without a primary key: 1,000 rows read or written at one
+// source position get 1,000 IDs, and an event redelivered — with a new
+// processing time, with or without the envelope, re-serialised with its
+// fields in another order, with a null key — gets its own ID again.
+func TestDebeziumIDKeylessRowsAtOnePosition(t *testing.T) {
+	const rows = 1000
+	for _, tc := range []struct {
+		name  string
+		event func(i int, processedAt string) string
+	}{
+		{"postgres snapshot", func(i int, at string) string {
+			return keylessEvent(pgSnapshotSource, "r", "null", auditRow(i), at)
+		}},
+		{"postgres COPY", func(i int, at string) string {
+			return keylessEvent(pgCopySource, "c", "null", auditRow(i), at)
+		}},
+		{"mysql snapshot", func(i int, at string) string {
+			return keylessEvent(mysqlSnapshotSource, "r", "null", auditRow(i), at)
+		}},
+		{"mysql rows of one binlog event", func(i int, at string) string {
+			// One UPDATE … WHERE statement: one rows event, row i of it.
+			src := strings.Replace(mysqlSource, `"row":0`, fmt.Sprintf(`"row":%d`, i), 1)
+			src = strings.Replace(src, `"table":"customers"`, `"table":"audit_log"`, 1)
+			return keylessEvent(src, "u", auditRow(i), strings.Replace(auditRow(i), "login", "logout", 1), at)
+		}},
+		{"sqlserver events of one change", func(i int, at string) string {
+			src := strings.Replace(sqlServerSource, `"event_serial_no":1`, fmt.Sprintf(`"event_serial_no":%d`, i+1), 1)
+			return sqlServerEvent(src, auditRow(i), "c", at)
+		}},
+		{"sqlserver snapshot", func(i int, at string) string {
+			return sqlServerEvent(sqlServerSnapshotSource, auditRow(i), "r", at)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ids := make(map[string]int, rows)
+			for i := range rows {
+				ev := tc.event(i, "1701423999000")
+				id := mustID(t, "", ev)
+				if j, dup := ids[id]; dup {
+					t.Fatalf("rows %d and %d got one ID %s", j, i, id)
+				}
+				ids[id] = i
+				if i%97 != 0 {
+					continue // redeliveries of a sample of the rows, to keep the test quick
+				}
+				for name, again := range map[string]string{
+					"new processing time": tc.event(i, "1701424999999"),
+					"envelope":            envelope(tc.event(i, "1701424999999")),
+					"fields reordered":    reorder(t, ev),
+				} {
+					for _, key := range []string{"", "null", `{"schema":null,"payload":null}`} {
+						if got := mustID(t, key, again); got != id {
+							t.Fatalf("row %d redelivered (%s, key %q): ID %s, first %s", i, name, key, got, id)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// reorder re-serialises a JSON event with its object fields in reverse
+// order and spaces between tokens, as another converter might.
+func reorder(t *testing.T, ev string) string {
+	t.Helper()
+	v, err := decodeJSON([]byte(ev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	var write func(v any)
+	write = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+			b.WriteString("{ ")
+			for i, k := range keys {
+				if i > 0 {
+					b.WriteString(" , ")
+				}
+				fmt.Fprintf(&b, "%q : ", k)
+				write(x[k])
+			}
+			b.WriteString(" }")
+		default:
+			out, err := json.Marshal(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(out)
+		}
+	}
+	write(v)
+	return b.String()
+}
+
+// Where the position is the keyless row's own, the ID is the position's,
+// as before rows were told apart by their images: MySQL streamed rows,
+// Postgres updates and deletes, SQL Server streamed changes, and any row
+// of a transaction that numbers its events (total_order).
+func TestDebeziumIDKeylessOwnPosition(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"mysql streamed", mysqlEvent(mysqlSource, "1"),
+			`dbz:mysql/mysql-server-1/file=mysql-bin.000003,pos=805,row=0/inventory.customers/c`},
+		{"postgres update", keylessEvent(pgCopySource, "u", auditRow(1), auditRow(2), "1"),
+			`dbz:postgresql/dbserver1/lsn=24031512,txId=561/inventory.public.audit_log/u`},
+		{"postgres insert in a transaction block", strings.Replace(keylessEvent(pgCopySource, "c", "null", auditRow(1), "1"),
+			`"transaction":null`, `"transaction":{"id":"561:24031512","total_order":7,"data_collection_order":7}`, 1),
+			`dbz:postgresql/dbserver1/lsn=24031512,txId=561/tx=561:24031512#7/inventory.public.audit_log/c`},
+		{"sqlserver streamed", sqlServerEvent(sqlServerSource, auditRow(1), "c", "1"),
+			`dbz:sqlserver/server1/commit_lsn=00000027:00000758:0005,change_lsn=00000027:00000758:0003,event_serial_no=1/testDB.dbo.audit_log/c`},
+	} {
+		if id := mustID(t, "", tc.value); id != tc.want {
+			t.Errorf("%s: ID %s, want %s", tc.name, id, tc.want)
+		}
+	}
+}
+
+// A keyless row at a shared position is told apart by its contents:
+// identical rows read at one snapshot position share an ID (documented),
+// a row's other image gets another, and a keyed row's ID does not depend
+// on its image.
+func TestDebeziumIDKeylessImage(t *testing.T) {
+	a := mustID(t, "", keylessEvent(pgSnapshotSource, "r", "null", auditRow(1), "1"))
+	want := "dbz:postgresql/dbserver1/lsn=24023064,txId=555/inventory.public.audit_log/r/image=sha256:"
+	if !strings.HasPrefix(a, want) || len(a) != len(want)+64 {
+		t.Fatalf("ID %s, want %s and a SHA-256", a, want)
+	}
+	if b := mustID(t, "", keylessEvent(pgSnapshotSource, "r", "null", auditRow(1), "2")); b != a {
+		t.Errorf("identical rows: IDs %s, %s", a, b)
+	}
+	// A number's literal is kept: 1.0 and 1 are different images.
+	if b := mustID(t, "", keylessEvent(pgSnapshotSource, "r", "null", `{"n":1.0}`, "1")); b == mustID(t, "", keylessEvent(pgSnapshotSource, "r", "null", `{"n":1}`, "1")) {
+		t.Errorf("1.0 and 1: one ID %s", b)
+	}
+	keyed := func(after string) string {
+		return mustID(t, `{"id":1}`, keylessEvent(pgSnapshotSource, "r", "null", after, "1"))
+	}
+	if a, b := keyed(auditRow(1)), keyed(auditRow(2)); a != b || strings.Contains(a, "image=") {
+		t.Errorf("keyed row: IDs %s, %s depend on the image", a, b)
+	}
+}
+
+// ParseDebezium reports a snapshot read (by op r, or by source.snapshot)
+// and the row image's hash, which ignores the serialisation.
+func TestParseDebeziumSnapshotAndImage(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		snapshot    bool
+	}{
+		{"postgres snapshot", keylessEvent(pgSnapshotSource, "r", "null", auditRow(1), "1"), true},
+		{"incremental snapshot marker, op r", keylessEvent(strings.Replace(pgSnapshotSource, `"snapshot":"true"`, `"snapshot":"incremental"`, 1), "r", "null", auditRow(1), "1"), true},
+		{"old boolean snapshot flag", keylessEvent(strings.Replace(mysqlSnapshotSource, `"snapshot":"true"`, `"snapshot":true`, 1), "c", "null", auditRow(1), "1"), true},
+		{"streamed", keylessEvent(pgCopySource, "c", "null", auditRow(1), "1"), false},
+	} {
+		ch, err := ParseDebezium([]byte(tc.value))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ch.Snapshot != tc.snapshot {
+			t.Errorf("%s: Snapshot %v, want %v", tc.name, ch.Snapshot, tc.snapshot)
+		}
+		again, err := ParseDebezium([]byte(reorder(t, tc.value)))
+		if err != nil || len(ch.Image) != 64 || again.Image != ch.Image {
+			t.Errorf("%s: image %q, reordered %q (%v)", tc.name, ch.Image, again.Image, err)
+		}
+	}
 }

@@ -173,16 +173,24 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Handler == nil {
 		errs = append(errs, errors.New("Handler is required"))
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"RetryDelay", cfg.RetryDelay}, {"InProgressDelay", cfg.InProgressDelay}, {"KeepAlive", cfg.KeepAlive}, {"Timeout", cfg.Timeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("natsdedup: %w", err)
 	}
 	if cfg.ID == nil {
 		cfg.ID = DefaultID
 	}
-	if cfg.RetryDelay <= 0 {
+	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = time.Second
 	}
-	if cfg.InProgressDelay <= 0 {
+	if cfg.InProgressDelay == 0 {
 		cfg.InProgressDelay = 5 * time.Second
 	}
 	if cfg.Context == nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,5 +297,20 @@ func TestIDFuncsAndMissingIDTerminates(t *testing.T) {
 	}
 	if _, err := natsdedup.New(natsdedup.Config{}); err == nil {
 		t.Fatal("New accepted an empty config")
+	}
+}
+
+// Negative durations are refused naming the field, not replaced by the
+// defaults (RetryDelay, InProgressDelay) or taken for "off" (KeepAlive,
+// Timeout).
+func TestNewRefusesNegativeDurations(t *testing.T) {
+	_, err := natsdedup.New(natsdedup.Config{RetryDelay: -time.Second, InProgressDelay: -1, KeepAlive: -time.Second, Timeout: -time.Minute})
+	if err == nil {
+		t.Fatal("New accepted negative durations")
+	}
+	for _, field := range []string{"Processor", "RetryDelay", "InProgressDelay", "KeepAlive", "Timeout"} {
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("error %q does not name %s", err, field)
+		}
 	}
 }

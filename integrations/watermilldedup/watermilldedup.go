@@ -46,13 +46,15 @@ var _ middleware.ExpiringKeyRepository = (*Repository)(nil)
 // NewRepository returns a repository that remembers keys in namespace for
 // window (0: the namespace's default TTL). The namespace's expiry mode
 // decides whether a repeated key extends its window (sliding) or not
-// (fixed, the default).
+// (fixed, the default). dedupnode keeps TTLs in whole milliseconds: a
+// window that is negative or not a whole number of them (500µs, 1.5ms) is
+// refused here, rather than failing every mark later.
 func NewRepository(m Marker, namespace string, window time.Duration) (*Repository, error) {
 	if m == nil || namespace == "" {
 		return nil, errors.New("watermilldedup: a Marker and a namespace are required")
 	}
-	if window < 0 {
-		return nil, fmt.Errorf("watermilldedup: negative window %v", window)
+	if window < 0 || window%time.Millisecond != 0 {
+		return nil, fmt.Errorf("watermilldedup: window %v: want 0 (the namespace's default TTL) or a positive whole number of milliseconds", window)
 	}
 	return &Repository{m: m, ns: namespace, window: window}, nil
 }

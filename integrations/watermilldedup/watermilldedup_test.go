@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,5 +258,34 @@ func TestRepositoryTwoSightingsInOneRequestOneIsNew(t *testing.T) {
 	}
 	if dup[0] == dup[1] {
 		t.Fatalf("IsDuplicate answered %v and %v, want one false (new) and one true", dup[0], dup[1])
+	}
+}
+
+// dedupnode keeps a TTL in whole milliseconds: a window under 1 ms, or
+// with a fraction of one, is refused when the repository is built, naming
+// the window, instead of failing every mark afterwards. A whole number of
+// milliseconds marks.
+func TestNewRepositoryRefusesWindowsNotInWholeMilliseconds(t *testing.T) {
+	cl := testcluster.Demo(t)
+	b := newBatcher(t, cl)
+	for _, w := range []time.Duration{time.Microsecond, 500 * time.Microsecond, 1500 * time.Microsecond, -time.Millisecond} {
+		repo, err := watermilldedup.NewRepository(b, "sub-ms-window", w)
+		if err == nil {
+			_, markErr := repo.IsDuplicate(context.Background(), "k")
+			t.Fatalf("window %v accepted; then IsDuplicate: %v", w, markErr)
+		}
+		if !strings.Contains(err.Error(), "window "+w.String()) {
+			t.Errorf("window %v: error %q does not name the window", w, err)
+		}
+	}
+	for _, w := range []time.Duration{0, time.Millisecond} {
+		repo, err := watermilldedup.NewRepository(b, "sub-ms-window", w)
+		if err != nil {
+			t.Fatalf("window %v: %v", w, err)
+		}
+		key := fmt.Sprintf("key-%v", w)
+		if dup, err := repo.IsDuplicate(context.Background(), key); err != nil || dup {
+			t.Fatalf("window %v: first IsDuplicate = %v, %v; want false, nil", w, dup, err)
+		}
 	}
 }
