@@ -65,7 +65,7 @@ func TestExportImportKeepsEveryState(t *testing.T) {
 		}
 		s.leased = *l.Record
 		r := one(src.Claim(ctx, ns, []client.Item{item("released", "dig-r", "tok-r")}, 5*time.Minute))
-		if rel := one(src.Release(ctx, ns, []client.Lease{{ID: []byte("released"), FencingToken: r.Record.FencingToken}})); rel.Code != client.CodeOK {
+		if rel := one(src.Release(ctx, ns, []client.Lease{{ID: []byte("released"), FencingToken: r.Record.FencingToken, RequestToken: []byte("tok-r")}})); rel.Code != client.CodeOK {
 			t.Fatalf("release: %v", rel.Code)
 		}
 		one(src.Claim(ctx, ns, []client.Item{item("lease-expired", "", "tok-e")}, time.Second))
