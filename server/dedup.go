@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	cryptorand "crypto/rand"
 	"errors"
@@ -188,11 +189,7 @@ func (s *Server) Claim(ctx context.Context, req *dedupv1.ClaimRequest) (*dedupv1
 		default:
 			return nil, toStatus(fmt.Errorf("claim: unexpected result %s for item %d", r.Code, i))
 		}
-		rec := recordPB(r.Record)
-		if code == dedupv1.ClaimResult_ACQUIRED {
-			rec = heldRecordPB(r.Record) // the caller's own lease
-		}
-		resp.Results[i] = &dedupv1.ClaimResult{Code: code, Record: rec}
+		resp.Results[i] = &dedupv1.ClaimResult{Code: code, Record: recordPB(r.Record, op.Items[i].Token)}
 	}
 	return resp, nil
 }
@@ -250,11 +247,7 @@ func (s *Server) leaseOp(ctx context.Context, kind fsm.OpKind, ns string, durati
 		default:
 			return nil, toStatus(fmt.Errorf("%s: unexpected result %s for item %d", kind, r.Code, i))
 		}
-		rec := recordPB(r.Record)
-		if code == dedupv1.LeaseResult_OK {
-			rec = heldRecordPB(r.Record) // the caller proved it holds the lease
-		}
-		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: rec, Reason: lostReasonPB(r.Reason)}
+		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record, op.Items[i].Token), Reason: lostReasonPB(r.Reason)}
 	}
 	return resp, nil
 }
@@ -447,19 +440,16 @@ func invalidID(i int, reason string) error {
 	return &fsm.InvalidError{Field: fmt.Sprintf("ids[%d]", i), Reason: reason, Item: i + 1}
 }
 
-// recordPB is r as an answer shows it to anyone: a live lease without
-// its fencing token and request token, which together prove the lease
-// (LeaseItem), so that no answer lets another caller commit, renew or
-// release it. heldRecordPB shows them, for the lease's holder only: the
-// answer to its claim, and to a Commit, Renew or Release that proved it.
-func recordPB(r fsm.Record) *dedupv1.Record {
-	if r.State == fsm.StateLeased {
+// recordPB is r as the answer to an item sent with request token
+// presented (nil: none, as in a Check) shows it: a live lease without its
+// fencing token and request token, which together prove the lease
+// (LeaseItem), unless presented is that request token, which only the
+// lease's holder knows (its claim, retries of it, its lease calls). So no
+// answer lets another caller commit, renew or release the lease.
+func recordPB(r fsm.Record, presented []byte) *dedupv1.Record {
+	if r.State == fsm.StateLeased && (len(presented) == 0 || !bytes.Equal(presented, r.Token)) {
 		r.Token, r.Fence = nil, 0
 	}
-	return heldRecordPB(r)
-}
-
-func heldRecordPB(r fsm.Record) *dedupv1.Record {
 	var st dedupv1.RecordState
 	switch r.State {
 	case fsm.StateCommitted:

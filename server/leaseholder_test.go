@@ -129,6 +129,12 @@ func TestLeaseOnlyItsHolderCanCommitRenewOrRelease(t *testing.T) {
 			t.Fatalf("holder's claim retried via %s: %v, want ACQUIRED as at first (%v)", nd.id, r, held)
 		}
 	}
+	// An answer to an item that carries the lease's request token may
+	// show the lease: only its holder has that token.
+	mk, err := f.dedup.Mark(ctx, &dedupv1.MarkRequest{Items: markItems([][]byte{[]byte("job-3")}), RequestToken: []byte("holder-token")})
+	if err != nil || mk.Results[0].Code != dedupv1.MarkResult_DUPLICATE || mk.Results[0].Record.FencingToken != fence || string(mk.Results[0].Record.RequestToken) != "holder-token" {
+		t.Fatalf("mark with the holder's request token: %v %v, want DUPLICATE showing the lease", mk, err)
+	}
 	mine := []*dedupv1.LeaseItem{{Id: []byte("job-3"), FencingToken: fence, RequestToken: []byte("holder-token")}}
 	rn, err := f.dedup.Renew(ctx, &dedupv1.RenewRequest{Items: mine, LeaseMs: 60_000})
 	if err != nil || rn.Results[0].Code != dedupv1.LeaseResult_OK || rn.Results[0].Record.FencingToken != fence || string(rn.Results[0].Record.RequestToken) != "holder-token" {
