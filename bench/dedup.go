@@ -619,17 +619,14 @@ func newDedupOp(cfg Config, nd node, gen *IDGen, hits [][]byte) Op {
 				return 0, 0, err
 			}
 			leases = leases[:0]
-			for i, r := range rs {
+			for _, r := range rs {
 				t.Add("claim "+codeName(r.Code), 1)
-				if r.Code != client.CodeAcquired {
+				l, ok := r.Lease()
+				if !ok {
 					t.Unexpected(1)
 					continue
 				}
-				var fencing uint64
-				if r.Record != nil {
-					fencing = r.Record.FencingToken
-				}
-				leases = append(leases, client.Lease{ID: batch[i], FencingToken: fencing})
+				leases = append(leases, l)
 			}
 			if len(leases) == 0 {
 				return 0, 1, nil

@@ -361,11 +361,11 @@ func (w *workload) processClaim(ctx context.Context, client int, node *string, d
 	}
 	if w.float() < 0.25 {
 		// Processing failed: release so that a redelivery can claim at once.
-		w.lease(context.WithoutCancel(ctx), client, node, history.Release, d.key, fence)
+		w.lease(context.WithoutCancel(ctx), client, node, history.Release, d.key, fence, tok)
 		w.redeliver(d, w.dur(w.cfg.Lease/2))
 		return
 	}
-	c := w.lease(context.WithoutCancel(ctx), client, node, history.Commit, d.key, fence)
+	c := w.lease(context.WithoutCancel(ctx), client, node, history.Commit, d.key, fence, tok)
 	if c.Outcome == history.OK && c.Result == history.LeaseLost {
 		w.redeliver(d, w.dur(w.cfg.Lease/2))
 	}
@@ -528,10 +528,12 @@ func (w *workload) claim(ctx context.Context, cid int, node *string, key string,
 	return op
 }
 
-func (w *workload) lease(ctx context.Context, cid int, node *string, kind history.Kind, key string, fence uint64) *history.Op {
+// lease commits or releases the lease of key that the claim with request
+// token tok took with fencing token fence.
+func (w *workload) lease(ctx context.Context, cid int, node *string, kind history.Kind, key string, fence uint64, tok []byte) *history.Op {
 	op := w.rec.Invoke(history.Op{Client: cid, Kind: kind, Key: key, Fence: fence})
 	var res client.Result
-	leases := []client.Lease{{ID: []byte(key), FencingToken: fence}}
+	leases := []client.Lease{{ID: []byte(key), FencingToken: fence, RequestToken: tok}}
 	out, errText := w.invoke(ctx, node, op, func(ctx context.Context, id string) (err error) {
 		if kind == history.Commit {
 			res, err = one(w.cs.cl[id].Commit(ctx, w.cfg.Namespace, leases, w.cfg.TTL))

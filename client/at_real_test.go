@@ -62,7 +62,7 @@ func TestAtCallsGoOnceToTheNamedNode(t *testing.T) {
 	if claims[0].Code != client.CodeAcquired || claims[0].Record == nil || claims[0].Record.FencingToken == 0 {
 		t.Fatalf("claim = %+v, want acquired with a fencing token", claims[0])
 	}
-	commits, err := c.CommitAt(ctx, f.addr, "ns", []client.Lease{{ID: []byte("job"), FencingToken: claims[0].Record.FencingToken}}, time.Minute)
+	commits, err := c.CommitAt(ctx, f.addr, "ns", []client.Lease{{ID: []byte("job"), FencingToken: claims[0].Record.FencingToken, RequestToken: []byte("bench-token-0002")}}, time.Minute)
 	if err != nil || commits[0].Code != client.CodeOK {
 		t.Fatalf("commit = %+v, %v; want ok", commits, err)
 	}

@@ -222,6 +222,9 @@ var opNames = [...]string{"check", "mark", "claim", "commit", "renew", "release"
 
 func (o opKind) String() string { return opNames[o] }
 
+// leaseOp: the op names leases (Commit, Renew, Release).
+func (o opKind) leaseOp() bool { return o == opCommit || o == opRenew || o == opRelease }
+
 // groupKey names the calls that may share one request.
 type groupKey struct {
 	op   opKind
@@ -259,7 +262,7 @@ func (b *Batcher) do(ctx context.Context, key groupKey, cl *call) (Result, error
 	if err := ctx.Err(); err != nil {
 		return Result{ID: cl.id}, fmt.Errorf("dedupnode %s: %w", key.op, err)
 	}
-	if len(cl.id) == 0 {
+	if len(cl.id) == 0 || key.op.leaseOp() && len(cl.lease.RequestToken) == 0 {
 		// Refused before sending, as the unbatched call for it alone is
 		// (with its checks in their order), so that it cannot fail the
 		// batch of others.

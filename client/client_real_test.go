@@ -347,8 +347,8 @@ func TestLeaseCallsAndShortReplies(t *testing.T) {
 		}
 	}
 	res, err := c.Commit(ctx, "ns", []client.Lease{
-		{ID: []byte("a"), FencingToken: cl[0].Record.FencingToken},
-		{ID: []byte("b"), FencingToken: cl[1].Record.FencingToken + 1000},
+		{ID: []byte("a"), FencingToken: cl[0].Record.FencingToken, RequestToken: cl[0].Record.RequestToken},
+		{ID: []byte("b"), FencingToken: cl[1].Record.FencingToken + 1000, RequestToken: cl[1].Record.RequestToken},
 	}, 0)
 	if err != nil {
 		t.Fatal(err)

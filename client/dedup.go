@@ -160,15 +160,18 @@ func (c *Client) mark(ctx context.Context, addr, namespace string, items []Item,
 }
 
 // Claim takes a lease on each ID before processing it: CodeAcquired (the
-// lease is yours until Record.Expires; keep Record.FencingToken for Commit,
+// lease is yours until Record.Expires; Result.Lease names it for Commit,
 // Renew and Release), CodeDuplicate (already committed: skip),
-// CodeInProgress (another caller holds a live lease: retry later),
-// CodeConflict (recorded with another digest). lease is the lease duration
-// (0: the namespace default lease).
+// CodeInProgress (another caller holds a live lease: retry later, after
+// Record.Expires), CodeConflict (recorded with another digest). lease is
+// the lease duration (0: the namespace default lease).
 //
 // Like Mark, one request token is kept across the retries of this call,
 // and an ID given twice is decided by its first occurrence (a later one
-// answers CodeInProgress while the lease is live).
+// answers CodeInProgress while the lease is live). The token is the
+// leases' secret: a claim repeated with it answers CodeAcquired again, and
+// Commit, Renew and Release must present it. An Item.RequestToken of your
+// own must be as hard to guess.
 func (c *Client) Claim(ctx context.Context, namespace string, items []Item, lease time.Duration) ([]Result, error) {
 	return c.claim(ctx, "", namespace, items, lease, NewRequestToken())
 }
@@ -202,8 +205,11 @@ func (c *Client) claim(ctx context.Context, addr, namespace string, items []Item
 }
 
 // Commit turns held leases into committed records living ttl (0: the
-// namespace default): CodeOK, or CodeLeaseLost when the lease expired or a
-// newer claim fenced it (someone else may be processing the message).
+// namespace default): CodeOK, or CodeLeaseLost when the lease expired, a
+// newer claim fenced it (someone else may be processing the message), or
+// the lease is not the one named (LostReason says which). Each Lease needs
+// both its tokens (Result.Lease): a lease without its request token is
+// refused (InvalidArgument), since only the holder's claim knows it.
 func (c *Client) Commit(ctx context.Context, namespace string, leases []Lease, ttl time.Duration) ([]Result, error) {
 	return c.commit(ctx, "", namespace, leases, ttl)
 }
@@ -307,7 +313,7 @@ func leaseItems(leases []Lease) []*dedupv1.LeaseItem {
 	out := make([]*dedupv1.LeaseItem, len(leases))
 	pb := make([]dedupv1.LeaseItem, len(leases))
 	for i, l := range leases {
-		pb[i].Id, pb[i].FencingToken = l.ID, l.FencingToken
+		pb[i].Id, pb[i].FencingToken, pb[i].RequestToken = l.ID, l.FencingToken, l.RequestToken
 		out[i] = &pb[i]
 	}
 	return out

@@ -50,6 +50,19 @@
 // Errors returned by the client wrap the last gRPC status error, so
 // status.Code(err) gives its code (see google.golang.org/grpc/status).
 //
+// # Leases
+//
+// A Claim that answers [CodeAcquired] takes a lease, which [Result.Lease]
+// names: the ID, its fencing token and the claim's request token. Commit,
+// Renew and Release need all three; the request token, which only the
+// claimer knows, proves the lease is yours, and a claim retried with it
+// answers acquired with the same lease. No answer to anyone else carries a
+// live lease's request token or fencing token (another consumer's claim,
+// a Check, a Mark or a lease_lost answer shows its state and expiry only),
+// so no other consumer can commit, renew or release it. This keeps
+// consumers apart; it is not access control: a client with the write
+// right may still Forget an ID.
+//
 // # Batching and processing
 //
 // A consumer that handles one message per goroutine can call a [Batcher]

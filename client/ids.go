@@ -56,8 +56,19 @@ func validLeaseIDs(op string, leases []Lease) error {
 			return emptyID(op, "items[%d].id", i)
 		}
 	}
+	// After every ID, as a node checks them.
+	for i := range leases {
+		if len(leases[i].RequestToken) == 0 {
+			return invalidArgument(op, fmt.Sprintf("items[%d].request_token", i), i+1, noLeaseTokenViolation)
+		}
+	}
 	return nil
 }
+
+// noLeaseTokenViolation refuses a Lease without its request token, which
+// a node refuses alike: the fencing token alone proves nothing (anyone can
+// guess it).
+const noLeaseTokenViolation = "required: the request token of the claim that granted the lease (Result.Lease of its acquired answer)"
 
 // validIDs checks the IDs of Check and Forget, a plain list ("ids[i]").
 func validIDs(op string, ids [][]byte) error {

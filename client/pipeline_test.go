@@ -101,7 +101,7 @@ func TestStreamTransportCarriesEveryCall(t *testing.T) {
 	if err != nil || res[0].Code != client.CodeAcquired {
 		t.Fatalf("claim: %v %v", res, err)
 	}
-	lease := client.Lease{ID: []byte("s-3"), FencingToken: res[0].Record.FencingToken}
+	lease, _ := res[0].Lease()
 	if res, err = c.Renew(ctx, "orders", []client.Lease{lease}, time.Minute); err != nil || res[0].Code != client.CodeOK {
 		t.Fatalf("renew: %v %v", res, err)
 	}

@@ -71,8 +71,9 @@ type ProcessResult struct {
 	Lease Lease
 	// Record is the ID's record as last returned by the cluster: the
 	// committed record after OutcomeProcessed, the other holder's lease
-	// after OutcomeInProgress, the earlier record after OutcomeDuplicate
-	// or OutcomeConflict. May be nil.
+	// after OutcomeInProgress (its expiry; not its fencing token nor
+	// request token, which only its holder gets), the earlier record after
+	// OutcomeDuplicate or OutcomeConflict. May be nil.
 	Record *Record
 }
 
@@ -134,7 +135,8 @@ type leaseCtxKey struct{}
 
 // LeaseFrom returns the lease under which the fn given to Process runs.
 // Pass its FencingToken to a downstream store that can reject writes
-// carrying an older token (the second, idempotency layer).
+// carrying an older token (the second, idempotency layer); keep its
+// RequestToken to yourself: it proves the lease.
 func LeaseFrom(ctx context.Context) (Lease, bool) {
 	l, ok := ctx.Value(leaseCtxKey{}).(Lease)
 	return l, ok
@@ -243,10 +245,10 @@ func process(ctx context.Context, ops leaseOps, ns string, id []byte, fn func(ct
 	default:
 		return ProcessResult{Outcome: OutcomeError, Record: cr.Record}, fmt.Errorf("claim: unexpected result %v", cr.Code)
 	}
-	if cr.Record == nil {
-		return ProcessResult{Outcome: OutcomeError}, errors.New("claim: acquired without a record (fencing token unknown)")
+	lease, ok := cr.Lease()
+	if !ok {
+		return ProcessResult{Outcome: OutcomeError, Record: cr.Record}, errors.New("claim: acquired without the lease's fencing token and request token")
 	}
-	lease := Lease{ID: id, FencingToken: cr.Record.FencingToken}
 	res := ProcessResult{Outcome: OutcomeUnknown, Lease: lease, Record: cr.Record}
 
 	leaseDur := o.lease

@@ -120,7 +120,8 @@ func TestInvariant7LeaderKilledBetweenClaimAndReplyRetryReturnsAcquired(t *testi
 	if res[0].Code != client.CodeAcquired || res[0].Record == nil {
 		t.Fatalf("claim after the leader died: %v, want acquired", res[0].Code)
 	}
-	cm, err := c.Commit(ctx, "jobs", []client.Lease{{ID: []byte("job-1"), FencingToken: res[0].Record.FencingToken}}, 0)
+	lease, _ := res[0].Lease()
+	cm, err := c.Commit(ctx, "jobs", []client.Lease{lease}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

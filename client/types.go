@@ -29,9 +29,10 @@ const (
 	CodeSeen
 	// CodeNotSeen (Check): absent or expired.
 	CodeNotSeen
-	// CodeAcquired (Claim): the lease is yours; Record.FencingToken names it.
+	// CodeAcquired (Claim): the lease is yours; Result.Lease names it.
 	CodeAcquired
-	// CodeInProgress (Claim): another caller holds a live lease.
+	// CodeInProgress (Claim): another caller holds a live lease (Record
+	// says until when, without the tokens that prove it).
 	CodeInProgress
 	// CodeOK (Commit, Renew, Release, Forget): done.
 	CodeOK
@@ -117,12 +118,16 @@ type Record struct {
 	FirstSeen time.Time
 	// Expires is when the record (or, for a lease, the lease) expires.
 	Expires time.Time
-	// RequestToken is the token of the request that recorded or claimed it.
+	// RequestToken is the token of the request that recorded or claimed
+	// it. Empty for a lease (StateLeased) in every answer but to its
+	// holder (the claim that acquired it, a renewal): with FencingToken,
+	// it proves the lease (Lease).
 	RequestToken []byte
 	// Digest is the payload digest given when recorded; nil if none.
 	Digest []byte
 	// FencingToken is the token of the latest claim of this ID; it only
-	// grows. 0 if the ID was never claimed.
+	// grows. 0 if the ID was never claimed, and 0 for a lease in every
+	// answer but to its holder, as RequestToken.
 	FencingToken uint64
 }
 
@@ -151,9 +156,10 @@ const (
 	// LostExpired: the lease (or the record its commit made) expired and
 	// nothing replaced it: claim again.
 	LostExpired LostReason = "expired"
-	// LostTokenMismatch: the ID's record carries another fencing token: a
-	// newer claim took it (after yours expired), or the token is not one
-	// granted for this ID.
+	// LostTokenMismatch: the lease named is not the ID's: its record
+	// carries another fencing token (a newer claim took it after yours
+	// expired, or the token is not one granted for this ID) or another
+	// claim's request token (the lease is someone else's).
 	LostTokenMismatch LostReason = "token_mismatch"
 	// LostAlreadyCommitted: the ID is committed — by this lease's own
 	// commit (a Renew or Release after it), another holder's, or a Mark.
@@ -192,11 +198,29 @@ type Item struct {
 	RequestToken []byte
 }
 
-// Lease names a claim for Commit, Renew and Release: the ID and the fencing
-// token that Claim returned for it.
+// Lease names a claim for Commit, Renew and Release: the ID, and the
+// fencing token and request token of the record its Claim answered
+// CodeAcquired with (Result.Lease gives it). Both tokens are required.
+// The request token, which only the claimer knows (the client picks 16
+// random bytes per Claim call unless Item.RequestToken sets one), proves
+// the lease is yours: no answer to anyone else carries a live lease's, nor
+// its fencing token, so nobody else can commit, renew or release it. The
+// fencing token, which only grows, is the one to hand a downstream store
+// that refuses writes carrying an older one.
 type Lease struct {
 	ID           []byte
 	FencingToken uint64
+	RequestToken []byte
+}
+
+// Lease returns the lease an acquired claim took (r.Code CodeAcquired,
+// with its record), to pass to Commit, Renew or Release; false for any
+// other result.
+func (r Result) Lease() (Lease, bool) {
+	if r.Code != CodeAcquired || r.Record == nil || r.Record.FencingToken == 0 || len(r.Record.RequestToken) == 0 {
+		return Lease{}, false
+	}
+	return Lease{ID: r.ID, FencingToken: r.Record.FencingToken, RequestToken: r.Record.RequestToken}, true
 }
 
 // Consistency selects how Check reads.

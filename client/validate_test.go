@@ -78,7 +78,8 @@ type idCall struct {
 
 func emptyIDCalls() []idCall {
 	items := []client.Item{{ID: []byte("a")}, {ID: nil}, {ID: []byte("c")}}
-	leases := []client.Lease{{ID: []byte("a"), FencingToken: 1}, {ID: []byte{}, FencingToken: 1}, {ID: []byte("c"), FencingToken: 1}}
+	tok := []byte("claim-token")
+	leases := []client.Lease{{ID: []byte("a"), FencingToken: 1, RequestToken: tok}, {ID: []byte{}, FencingToken: 1, RequestToken: tok}, {ID: []byte("c"), FencingToken: 1, RequestToken: tok}}
 	ids := [][]byte{[]byte("a"), {}, []byte("c")}
 	item := refusal{field: "items[1].id", item: 2, violation: "empty message ID"}
 	list := refusal{field: "ids[1]", item: 2, violation: "empty message ID"}
@@ -169,7 +170,7 @@ func TestEmptyIDRefusalIsTheNodesAnswerAndNothingReachesIt(t *testing.T) {
 	id := func(s string) []byte { return []byte(s) }
 	markItems := []*dedupv1.MarkItem{{Id: id("a")}, {}, {Id: id("c")}}
 	claimItems := []*dedupv1.ClaimItem{{Id: id("a")}, {}, {Id: id("c")}}
-	leaseItems := []*dedupv1.LeaseItem{{Id: id("a"), FencingToken: 1}, {FencingToken: 1}, {Id: id("c"), FencingToken: 1}}
+	leaseItems := []*dedupv1.LeaseItem{{Id: id("a"), FencingToken: 1, RequestToken: id("t")}, {FencingToken: 1, RequestToken: id("t")}, {Id: id("c"), FencingToken: 1, RequestToken: id("t")}}
 	ids := [][]byte{id("a"), {}, id("c")}
 	node := map[string]func() error{}
 	node["mark"] = func() error {
@@ -249,7 +250,7 @@ func TestBatcherRefusesAnEmptyIDWithoutFailingOthers(t *testing.T) {
 	}
 	_, err := b.Check(ctx, "ns", nil, client.Linearizable)
 	checkRefusal(t, "batched check of an empty ID", err, refusal{"ids[0]", 1, "empty message ID"})
-	_, err = b.Release(ctx, "ns", client.Lease{FencingToken: 1})
+	_, err = b.Release(ctx, "ns", client.Lease{FencingToken: 1, RequestToken: []byte("claim-token")})
 	checkRefusal(t, "batched release of an empty ID", err, refusal{"items[0].id", 1, "empty message ID"})
 	if st := b.Stats(); st.Calls != 2 || st.Items != 2 {
 		t.Errorf("batcher stats %+v, want 2 calls and 2 items sent: the empty IDs neither join nor split a batch", st)
@@ -269,7 +270,7 @@ func TestClientSideDurationErrorsSayWhatIsWrong(t *testing.T) {
 	}
 	defer c.Close()
 	item := []client.Item{{ID: []byte("x")}}
-	lease := []client.Lease{{ID: []byte("x"), FencingToken: 1}}
+	lease := []client.Lease{{ID: []byte("x"), FencingToken: 1, RequestToken: []byte("claim-token")}}
 	ignore := func(_ []client.Result, err error) error { return err }
 	const want = "0 (the namespace default) or a positive whole number of milliseconds"
 	for _, tc := range []struct {

@@ -618,8 +618,8 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
 		}
 		return ItemResult{Code: CodeDuplicate, Record: rec}
 	case OpCommit:
-		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
-			return lost(rec, found, it.Fence, now)
+		if !found || !holds(&rec, it) || rec.ExpiresMs <= now {
+			return lost(rec, found, it, now)
 		}
 		switch rec.State {
 		case StateLeased:
@@ -633,10 +633,10 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
 		case StateCommitted:
 			return ItemResult{Code: CodeOK, Record: rec} // a retried commit
 		}
-		return lost(rec, found, it.Fence, now)
+		return lost(rec, found, it, now)
 	case OpRenew:
-		if !live || rec.State != StateLeased || rec.Fence != it.Fence {
-			return lost(rec, found, it.Fence, now)
+		if !live || rec.State != StateLeased || !holds(&rec, it) {
+			return lost(rec, found, it, now)
 		}
 		lease := op.DurationMs
 		if lease == 0 {
@@ -646,8 +646,8 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
 		a.write(ns, it.ID, true, bucket, &rec)
 		return ItemResult{Code: CodeOK, Record: rec}
 	case OpRelease:
-		if !found || rec.Fence != it.Fence || rec.ExpiresMs <= now {
-			return lost(rec, found, it.Fence, now)
+		if !found || !holds(&rec, it) || rec.ExpiresMs <= now {
+			return lost(rec, found, it, now)
 		}
 		switch rec.State {
 		case StateLeased:
@@ -657,7 +657,7 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
 		case StateReleased:
 			return ItemResult{Code: CodeOK} // a retried release
 		}
-		return lost(rec, found, it.Fence, now)
+		return lost(rec, found, it, now)
 	case OpForget:
 		if found {
 			a.remove(ns, it.ID, bucket)
@@ -667,13 +667,22 @@ func (a *applier) item(op *Op, ns *NamespaceConfig, i int) ItemResult {
 	panic("unreachable: op kind checked by Validate")
 }
 
-// lost is the CodeLeaseLost answer for a lease with fencing token fence on
-// the record rec (found: it exists) at now: the live record as details,
-// and why, checked in this order (the first that holds is the most useful
-// to the holder): no record; a live committed one (the work is done:
-// do not redo it); another token; released (by this token's holder);
-// expired.
-func lost(rec Record, found bool, fence uint64, now int64) ItemResult {
+// holds reports whether lease item it names the lease rec records: its
+// fencing token, and the request token of the claim that granted it. An
+// item without a token is checked by its fence alone: entries written
+// before holders had to prove their claim (the edge now refuses such
+// items), which must apply as they did then.
+func holds(rec *Record, it *Item) bool {
+	return rec.Fence == it.Fence && (len(it.Token) == 0 || string(it.Token) == string(rec.Token))
+}
+
+// lost is the CodeLeaseLost answer for lease item it on the record rec
+// (found: it exists) at now: the live record as details, and why, checked
+// in this order (the first that holds is the most useful to the holder):
+// no record; a live committed one (the work is done: do not redo it);
+// another lease (fencing token or claim's request token); released (by
+// this lease's holder); expired.
+func lost(rec Record, found bool, it *Item, now int64) ItemResult {
 	live := found && rec.live(now)
 	res := ItemResult{Code: CodeLeaseLost}
 	if live {
@@ -684,7 +693,7 @@ func lost(rec Record, found bool, fence uint64, now int64) ItemResult {
 		res.Reason = LostNotClaimed
 	case rec.State == StateCommitted && rec.ExpiresMs > now:
 		res.Reason = LostAlreadyCommitted
-	case rec.Fence != fence:
+	case !holds(&rec, it):
 		res.Reason = LostTokenMismatch
 	case rec.State == StateReleased:
 		res.Reason = LostNotClaimed

@@ -104,6 +104,13 @@ type Item struct {
 	Fence uint64
 }
 
+// A Commit, Renew or Release item's Token is the request token of the
+// Claim that granted the lease: with Fence, it proves the caller holds
+// the lease (apply checks both; DESIGN.md, Claims). An item without one
+// (entries proposed before holders had to prove it, and every version 1
+// entry, whose lease items' tokens were never checked) is checked by its
+// Fence alone, as when it was written.
+
 // Op is one client request (or one internal action) inside a Command.
 type Op struct {
 	Kind OpKind
@@ -523,12 +530,16 @@ func (d *decoder) items(op *Op) {
 }
 
 // itemsV1 reads an op's items in format version 1: id, digest, token and
-// fence for every item.
+// fence for every item. The tokens of Commit, Renew and Release items are
+// dropped: builds of that format applied them by fence alone, whatever
+// token they carried, and apply checks a lease item's token against the
+// holder's, so keeping them would change what those entries did.
 func (d *decoder) itemsV1(op *Op) {
 	nitems := d.count(4)
 	if d.err != nil || nitems == 0 {
 		return
 	}
+	leaseOp := op.Kind == OpCommit || op.Kind == OpRenew || op.Kind == OpRelease
 	op.Items = make([]Item, nitems)
 	for j := range op.Items {
 		it := &op.Items[j]
@@ -536,6 +547,9 @@ func (d *decoder) itemsV1(op *Op) {
 		it.Digest = d.bytes(MaxDigestBytes)
 		it.Token = d.bytes(MaxTokenBytes)
 		it.Fence = d.uvarint()
+		if leaseOp {
+			it.Token = nil
+		}
 	}
 }
 

@@ -24,7 +24,10 @@
 //  5. A storage error PANICS: a replica that cannot apply stops rather than
 //     diverging.
 //  6. Fencing tokens are the Raft index of the entry that granted the claim,
-//     so they only grow, per ID and cluster-wide.
+//     so they only grow, per ID and cluster-wide. Being guessable, a fence
+//     alone does not prove a lease: Commit, Renew and Release must carry
+//     the claim's request token too (items without one, only in entries
+//     written before, are checked by their fence alone, as they were).
 //  7. Within one op (one client request) the FIRST occurrence of an ID
 //     decides: an item repeating an earlier item's ID and request token is
 //     answered as another call would be (Mark DUPLICATE or CONFLICT, Claim

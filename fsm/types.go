@@ -138,8 +138,9 @@ const (
 	// LostExpired: the lease named (or the record its commit made) has
 	// expired and nothing replaced it.
 	LostExpired LostReason = 2
-	// LostTokenMismatch: the ID's record carries another fencing token: a
-	// newer claim took it, or the token was never granted for this ID.
+	// LostTokenMismatch: the lease named is not the ID's: its record
+	// carries another fencing token (a newer claim took it, or the token
+	// was never granted for this ID) or another claim's request token.
 	LostTokenMismatch LostReason = 3
 	// LostAlreadyCommitted: the ID holds a live committed record (this
 	// lease's own commit for Renew and Release, another holder's commit, or

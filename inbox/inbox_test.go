@@ -259,8 +259,10 @@ func TestCrashBetweenTxCommitAndDedupnodeCommit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r := chk[0].Record; r == nil || r.State != client.StateLeased || r.FencingToken != uint64(oldFence) {
-				t.Fatalf("dedupnode record after the crash %+v, want leased with fence %d", r, oldFence)
+			// Leased, and to anyone but the dead holder without what names
+			// its lease (its fencing token and request token).
+			if r := chk[0].Record; r == nil || r.State != client.StateLeased || r.FencingToken != 0 || len(r.RequestToken) != 0 {
+				t.Fatalf("dedupnode record after the crash %+v, want leased, without its fencing token %d nor request token", r, oldFence)
 			}
 
 			// Redeliveries until one is not in progress.
@@ -273,6 +275,9 @@ func TestCrashBetweenTxCommitAndDedupnodeCommit(t *testing.T) {
 					t.Fatalf("redelivery: %v", err)
 				}
 				if res.Outcome == client.OutcomeInProgress {
+					if r := res.Record; r == nil || r.FencingToken != 0 || len(r.RequestToken) != 0 || res.Lease.RequestToken != nil {
+						t.Fatalf("in-progress redelivery: %+v, want the dead holder's lease without its tokens", res)
+					}
 					inProgress++
 					time.Sleep(100 * time.Millisecond) // a redelivery delay
 					return false

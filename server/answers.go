@@ -37,7 +37,7 @@ func markAnswer(req *dedupv1.MarkRequest, items []fsm.ItemResult) (*dedupv1.Mark
 		resp := &dedupv1.MarkResponse{Results: make([]*dedupv1.MarkResult, len(items))}
 		rs := make([]dedupv1.MarkResult, len(items)) // one allocation for the batch
 		for i, r := range items {
-			rs[i].Code, rs[i].Record = codes[i], recordPB(r.Record)
+			rs[i].Code, rs[i].Record = codes[i], recordPB(r.Record, itemToken(req, i))
 			resp.Results[i] = &rs[i]
 		}
 		return resp, nil
@@ -55,10 +55,10 @@ func markAnswer(req *dedupv1.MarkRequest, items []fsm.ItemResult) (*dedupv1.Mark
 			}
 		}
 		resp.Codes[i] |= dedupv1.CompactInResults
-		resp.Results = append(resp.Results, &dedupv1.MarkResult{Code: codes[i], Record: recordPB(r.Record)})
+		resp.Results = append(resp.Results, &dedupv1.MarkResult{Code: codes[i], Record: recordPB(r.Record, itemToken(req, i))})
 	}
 	if shared != nil {
-		resp.NewRecord = recordPB(fsm.Record{State: shared.State, FirstSeenMs: shared.FirstSeenMs, ExpiresMs: shared.ExpiresMs, Fence: shared.Fence})
+		resp.NewRecord = recordPB(fsm.Record{State: shared.State, FirstSeenMs: shared.FirstSeenMs, ExpiresMs: shared.ExpiresMs, Fence: shared.Fence}, nil)
 	}
 	return resp, nil
 }
@@ -67,8 +67,12 @@ func markAnswer(req *dedupv1.MarkRequest, items []fsm.ItemResult) (*dedupv1.Mark
 // digest, so a client can rebuild it from what it sent, and has a state a
 // Record shows.
 func recordedAsSent(req *dedupv1.MarkRequest, i int, rec *fsm.Record) bool {
-	it := req.Items[i]
-	return recordPB(*rec) != nil && bytes.Equal(rec.Token, tokenOr(it.RequestToken, req.RequestToken)) && bytes.Equal(rec.Digest, it.Digest)
+	return recordPB(*rec, nil) != nil && bytes.Equal(rec.Token, itemToken(req, i)) && bytes.Equal(rec.Digest, req.Items[i].Digest)
+}
+
+// itemToken is the request token of a Mark's item i.
+func itemToken(req *dedupv1.MarkRequest, i int) []byte {
+	return tokenOr(req.Items[i].RequestToken, req.RequestToken)
 }
 
 // sameSharedFields reports whether a and b agree on what new_record holds.
@@ -96,7 +100,7 @@ func checkAnswer(req *dedupv1.CheckRequest, res []fsm.ItemResult, applied uint64
 		}
 		switch code {
 		case fsm.CodeSeen:
-			r := &dedupv1.CheckResult{Code: dedupv1.CheckResult_SEEN, Record: recordPB(res[i].Record)}
+			r := &dedupv1.CheckResult{Code: dedupv1.CheckResult_SEEN, Record: recordPB(res[i].Record, nil)}
 			if req.Compact {
 				resp.Codes[i] = byte(dedupv1.CheckResult_SEEN)
 				resp.Results = append(resp.Results, r)

@@ -96,7 +96,7 @@ func TestInvariant7_RetriesReturnFirstAnswer(t *testing.T) {
 	if c3.Code != dedupv1.ClaimResult_IN_PROGRESS {
 		t.Fatalf("second claimer: %v, want IN_PROGRESS", c3)
 	}
-	lr, err := tc.nodes[2].dedup.Commit(ctx, &dedupv1.CommitRequest{Items: []*dedupv1.LeaseItem{{Id: []byte("job-9"), FencingToken: c1.Record.FencingToken}}})
+	lr, err := tc.nodes[2].dedup.Commit(ctx, &dedupv1.CommitRequest{Items: []*dedupv1.LeaseItem{{Id: []byte("job-9"), FencingToken: c1.Record.FencingToken, RequestToken: c1.Record.RequestToken}}})
 	if err != nil || lr.Results[0].Code != dedupv1.LeaseResult_OK {
 		t.Fatalf("commit: %v %v", lr, err)
 	}

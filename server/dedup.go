@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -146,8 +148,20 @@ func (s *Server) Claim(ctx context.Context, req *dedupv1.ClaimRequest) (*dedupv1
 		return nil, toStatus(err)
 	}
 	op := fsm.Op{Kind: fsm.OpClaim, Namespace: req.Namespace, DurationMs: req.LeaseMs, Items: make([]fsm.Item, len(req.Items))}
+	var minted []byte
 	for i, it := range req.Items {
-		op.Items[i] = fsm.Item{ID: it.Id, Digest: it.Digest, Token: tokenOr(it.RequestToken, req.RequestToken)}
+		tok := tokenOr(it.RequestToken, req.RequestToken)
+		if len(tok) == 0 {
+			// The request token is the lease's secret (the holder proves
+			// the lease with it): a claim without one gets one, which its
+			// ACQUIRED answer carries, rather than a lease nobody can
+			// commit. Chosen here, before the log, like the timestamp.
+			if minted == nil {
+				minted = newLeaseToken()
+			}
+			tok = minted
+		}
+		op.Items[i] = fsm.Item{ID: it.Id, Digest: it.Digest, Token: tok}
 	}
 	var fwd *dedupv1.ClaimResponse
 	items, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
@@ -175,9 +189,19 @@ func (s *Server) Claim(ctx context.Context, req *dedupv1.ClaimRequest) (*dedupv1
 		default:
 			return nil, toStatus(fmt.Errorf("claim: unexpected result %s for item %d", r.Code, i))
 		}
-		resp.Results[i] = &dedupv1.ClaimResult{Code: code, Record: recordPB(r.Record)}
+		resp.Results[i] = &dedupv1.ClaimResult{Code: code, Record: recordPB(r.Record, op.Items[i].Token)}
 	}
 	return resp, nil
+}
+
+// newLeaseToken is a random request token for a claim sent without one:
+// 16 bytes, as the Go client's.
+func newLeaseToken() []byte {
+	b := make([]byte, 16)
+	if _, err := cryptorand.Read(b); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return b
 }
 
 // leaseOp runs Commit, Renew or Release.
@@ -185,7 +209,21 @@ func (s *Server) leaseOp(ctx context.Context, kind fsm.OpKind, ns string, durati
 	fwdCall func(context.Context, dedupv1.DedupClient) (*dedupv1.LeaseResponse, error)) (*dedupv1.LeaseResponse, error) {
 	op := fsm.Op{Kind: kind, Namespace: ns, DurationMs: durationMs, Items: make([]fsm.Item, len(items))}
 	for i, it := range items {
-		op.Items[i] = fsm.Item{ID: it.Id, Fence: it.FencingToken}
+		op.Items[i] = fsm.Item{ID: it.Id, Fence: it.FencingToken, Token: it.RequestToken}
+	}
+	if err := s.validateBasic(&op); err != nil {
+		return nil, toStatus(err)
+	}
+	// The fencing token alone does not prove the lease: it is a Raft
+	// index, which anyone can guess. The claim's request token, which
+	// only the holder knows, must come with it. (The FSM checks an item
+	// without one by its fence alone, for log entries written before:
+	// none may be proposed now.)
+	for i := range op.Items {
+		if len(op.Items[i].Token) == 0 {
+			return nil, toStatus(&fsm.InvalidError{Field: fmt.Sprintf("items[%d].request_token", i), Item: i + 1,
+				Reason: "required: the request token of the claim that granted the lease (its ACQUIRED answer's record.request_token)"})
+		}
 	}
 	var fwd *dedupv1.LeaseResponse
 	res, local, err := s.write(ctx, op, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
@@ -209,7 +247,7 @@ func (s *Server) leaseOp(ctx context.Context, kind fsm.OpKind, ns string, durati
 		default:
 			return nil, toStatus(fmt.Errorf("%s: unexpected result %s for item %d", kind, r.Code, i))
 		}
-		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record), Reason: lostReasonPB(r.Reason)}
+		resp.Results[i] = &dedupv1.LeaseResult{Code: code, Record: recordPB(r.Record, op.Items[i].Token), Reason: lostReasonPB(r.Reason)}
 	}
 	return resp, nil
 }
@@ -402,7 +440,16 @@ func invalidID(i int, reason string) error {
 	return &fsm.InvalidError{Field: fmt.Sprintf("ids[%d]", i), Reason: reason, Item: i + 1}
 }
 
-func recordPB(r fsm.Record) *dedupv1.Record {
+// recordPB is r as the answer to an item sent with request token
+// presented (nil: none, as in a Check) shows it: a live lease without its
+// fencing token and request token, which together prove the lease
+// (LeaseItem), unless presented is that request token, which only the
+// lease's holder knows (its claim, retries of it, its lease calls). So no
+// answer lets another caller commit, renew or release the lease.
+func recordPB(r fsm.Record, presented []byte) *dedupv1.Record {
+	if r.State == fsm.StateLeased && (len(presented) == 0 || !bytes.Equal(presented, r.Token)) {
+		r.Token, r.Fence = nil, 0
+	}
 	var st dedupv1.RecordState
 	switch r.State {
 	case fsm.StateCommitted:

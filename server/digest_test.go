@@ -58,7 +58,7 @@ func TestDigestReplicasAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Commit(ctx, &dedupv1.CommitRequest{Namespace: "orders", Items: []*dedupv1.LeaseItem{{Id: []byte("job-1"), FencingToken: claim.Results[0].Record.GetFencingToken()}}}); err != nil {
+	if _, err := d.Commit(ctx, &dedupv1.CommitRequest{Namespace: "orders", Items: []*dedupv1.LeaseItem{{Id: []byte("job-1"), FencingToken: claim.Results[0].Record.GetFencingToken(), RequestToken: []byte("t3")}}}); err != nil {
 		t.Fatal(err)
 	}
 	first := compare("after writes")

@@ -110,6 +110,10 @@ func TestInvariant9_BadInput_InvalidArgumentNothingWritten(t *testing.T) {
 			_, err := c.Commit(ctx, &dedupv1.CommitRequest{Items: []*dedupv1.LeaseItem{{Id: []byte("a")}}})
 			return err
 		}, codes.InvalidArgument, "items[0].fencing_token"},
+		{"commit without request token", func(c dedupv1.DedupClient) error {
+			_, err := c.Commit(ctx, &dedupv1.CommitRequest{Items: []*dedupv1.LeaseItem{{Id: []byte("a"), FencingToken: 5, RequestToken: []byte("t")}, {Id: []byte("b"), FencingToken: 5}}})
+			return err
+		}, codes.InvalidArgument, "items[1].request_token"},
 		{"no items", func(c dedupv1.DedupClient) error {
 			_, err := c.Release(ctx, &dedupv1.ReleaseRequest{})
 			return err

@@ -24,7 +24,7 @@ func TestFencingTokensAfterRestoreExceedSource(t *testing.T) {
 	src := testcluster.Client(t, []string{srcs[leader].GRPCAddr()})
 	claim := func(c *client.Client, id string) uint64 {
 		t.Helper()
-		res, err := c.Claim(ctx, "", []client.Item{{ID: []byte(id)}}, time.Minute)
+		res, err := c.Claim(ctx, "", []client.Item{{ID: []byte(id), RequestToken: []byte("holder-of-" + id)}}, time.Minute)
 		if err != nil {
 			t.Fatalf("claim %s: %v", id, err)
 		}
@@ -66,10 +66,14 @@ func TestFencingTokensAfterRestoreExceedSource(t *testing.T) {
 		t.Fatalf("restored Raft index %d not below the source's last token %d: the test proves nothing", idx, srcMax)
 	}
 	// The lease taken before the backup is still held in the restored
-	// cluster (as leased, with its old token).
+	// cluster (as leased, with its old token): in progress for another
+	// claim, its own claim's retry gets it back.
 	res, err := dst.Claim(ctx, "", []client.Item{{ID: []byte("before-backup")}}, time.Minute)
-	if err != nil || res[0].Code != client.CodeInProgress || res[0].Record.FencingToken != before {
+	if err != nil || res[0].Code != client.CodeInProgress {
 		t.Fatalf("claim of the lease restored from the backup: %v %+v", err, res)
+	}
+	if got := claim(dst, "before-backup"); got != before {
+		t.Fatalf("the holder's claim retried after the restore: fencing token %d, want its old %d", got, before)
 	}
 
 	// A node joining the restored cluster gets the epoch with the state.

@@ -17,9 +17,9 @@ func TestLeaseLostCarriesReasonThroughAFollower(t *testing.T) {
 	if err != nil || cl.Results[0].Code != dedupv1.ClaimResult_ACQUIRED {
 		t.Fatalf("claim: %v %v", cl, err)
 	}
-	fence := cl.Results[0].Record.FencingToken
+	fence, claimTok := cl.Results[0].Record.FencingToken, cl.Results[0].Record.RequestToken
 	lease := func(id string, tok uint64) []*dedupv1.LeaseItem {
-		return []*dedupv1.LeaseItem{{Id: []byte(id), FencingToken: tok}}
+		return []*dedupv1.LeaseItem{{Id: []byte(id), FencingToken: tok, RequestToken: claimTok}}
 	}
 	want := func(what string, resp *dedupv1.LeaseResponse, err error, reason dedupv1.LeaseResult_Reason) {
 		t.Helper()

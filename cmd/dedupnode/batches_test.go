@@ -85,16 +85,16 @@ func TestBatchErrorsNameTheInputLine(t *testing.T) {
 		}
 	})
 
-	// A malformed ID=TOKEN is found before its batch is sent: a usage
+	// A malformed ID=LEASE is found before its batch is sent: a usage
 	// error (exit 2) when nothing was sent, else exit 1 saying what was.
 	t.Run("commit", func(t *testing.T) {
-		code, out, errs := runCLI(t, ctx, "a=1\nb=1\n\nc\n", "commit", "--addr", addr, "--namespace", "lines-commit", "--batch", "2", "-")
-		if code != exitError || strings.Count(out, "\n") != 2 || !strings.Contains(errs, `line 4 ("c"): no fencing token`) ||
+		code, out, errs := runCLI(t, ctx, "a=1.aa\nb=1.aa\n\nc\n", "commit", "--addr", addr, "--namespace", "lines-commit", "--batch", "2", "-")
+		if code != exitError || strings.Count(out, "\n") != 2 || !strings.Contains(errs, `line 4 ("c"): no lease`) ||
 			!strings.Contains(errs, "lines 1-2 (2 IDs) applied; the batch of line 4 not sent") {
 			t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
 		}
 		code, out, errs = runCLI(t, ctx, "\nc\n", "commit", "--addr", addr, "--namespace", "lines-commit", "-")
-		if code != exitUsage || out != "" || !strings.Contains(errs, `line 2 ("c"): no fencing token`) {
+		if code != exitUsage || out != "" || !strings.Contains(errs, `line 2 ("c"): no lease`) {
 			t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
 		}
 	})

@@ -109,7 +109,7 @@ func tlsHint(err error) string {
 // DEDUPNODE_<FLAG> (applyEnv, as serve's): how to reach the cluster, how
 // to print, and for the per-ID commands which namespace, batch size and
 // consistency. Flags that say what one request writes (--ttl, --lease,
-// --fencing-token, --digest, --request-token, a namespace's settings) never
+// --held, --digest, --request-token, a namespace's settings) never
 // do: a variable left in a shell would silently change later writes.
 // clientEnvHelp says the same in --help.
 var clientEnvFlags = []string{"addr", "tls-ca", "tls-cert", "tls-key", "token", "region", "cluster-id", "timeout", "output",
@@ -121,7 +121,7 @@ const clientEnvHelp = `Environment: DEDUPNODE_<FLAG> (upper case, '-' as '_') se
 for mark, check, claim, commit, renew, release and forget, --namespace,
 --batch, --consistency and --max-staleness (DEDUPNODE_ADDR,
 DEDUPNODE_NAMESPACE, ...); a flag given on the command line wins. Flags that
-say what a request writes (--ttl, --lease, --fencing-token, --digest,
+say what a request writes (--ttl, --lease, --held, --digest,
 --request-token, namespace settings) are never read from the environment.`
 
 // register adds the shared connection flags (registerConn), --timeout

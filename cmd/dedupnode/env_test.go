@@ -93,7 +93,7 @@ func TestClientCommandsReadTheirFlagsFromTheEnvironment(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, `"name":"from-env"`) {
 		t.Fatalf("namespace list with DEDUPNODE_OUTPUT=json: exit %d, %q", code, out)
 	}
-	code, out, errs = runCLI(t, ctx, "", "release", "--fencing-token", "1", "x")
+	code, out, errs = runCLI(t, ctx, "", "release", "--held", "1.aa", "x")
 	if code != exitOK || !strings.Contains(out, `"result":"lease_lost"`) {
 		t.Fatalf("release: exit %d, %q, %s", code, out, errs)
 	}

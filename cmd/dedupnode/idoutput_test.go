@@ -90,13 +90,13 @@ func TestTextOutputQuotesAmbiguousIDs(t *testing.T) {
 	// Leases: commit, renew and release print the ID alike.
 	code, out, errs := runCLI(t, ctx, "", "claim", "--addr", addr, "-n", "quoting", "--output", "json", "x\ty")
 	var cl struct {
-		FencingToken uint64 `json:"fencing_token"`
+		Lease string `json:"lease"`
 	}
-	if code != exitOK || json.Unmarshal([]byte(out), &cl) != nil {
+	if code != exitOK || json.Unmarshal([]byte(out), &cl) != nil || cl.Lease == "" {
 		t.Fatalf("claim: exit %d %q %s", code, out, errs)
 	}
 	for _, cmd := range []string{"renew", "commit", "release"} {
-		code, out, errs := runCLI(t, ctx, "", cmd, "--addr", addr, "-n", "quoting", "x\ty="+strconv.FormatUint(cl.FencingToken, 10))
+		code, out, errs := runCLI(t, ctx, "", cmd, "--addr", addr, "-n", "quoting", "x\ty="+cl.Lease)
 		if code != exitOK || !strings.HasPrefix(out, `"x\ty"`+"\t") || strings.Count(out, "\n") != 1 {
 			t.Errorf("%s: exit %d, out %q, err %s; want one line starting with the quoted ID", cmd, code, out, errs)
 		}

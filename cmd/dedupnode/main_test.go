@@ -83,12 +83,16 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"zero lease", []string{"claim", "--lease", "0s", "x"}, "--lease 0: omit --lease"},
 		{"addr with scheme", []string{"status", "--addr", "http://127.0.0.1:7070"}, "drop the http:// scheme"},
 		{"addr with scheme in list", []string{"mark", "--addr", "127.0.0.1:7071,https://127.0.0.1:7070/", "x"}, "e.g. --addr 127.0.0.1:7070"},
-		{"commit without token", []string{"commit", "order-1"}, "fencing token"},
-		{"commit bad token", []string{"commit", "order-1=abc"}, "not a positive integer"},
+		{"commit without lease", []string{"commit", "order-1"}, "no lease"},
+		{"commit bad lease", []string{"commit", "order-1=abc"}, "does not start with a positive fencing token"},
+		{"commit with a fencing token alone", []string{"commit", "order-1=12"}, "a fencing token alone, not a LEASE"},
+		{"commit with an empty lease", []string{"commit", "order-1="}, "no LEASE"},
+		{"commit with a lease not in hex", []string{"commit", "order-1=12.xyz"}, "as hex"},
+		{"held fencing token alone", []string{"release", "--held", "12", "order-1"}, "--held"},
 		{"ttl over every namespace's limit", []string{"mark", "--ttl", "400d", "x"}, "--ttl 400d exceeds 366d"},
 		{"lease over every namespace's limit", []string{"claim", "--lease", "9000h", "x"}, "--lease 375d exceeds 366d"},
 		{"bad namespace name", []string{"mark", "-n", "bad name!", "x"}, `--namespace: "bad name!" is not a valid namespace name`},
-		{"commit with both token forms", []string{"commit", "--fencing-token", "8", "job-1=8"}, "use one form"},
+		{"commit with both token forms", []string{"commit", "--held", "8.aa", "job-1=8.aa"}, "use one form"},
 		{"ttl on check", []string{"check", "--ttl", "5m", "x"}, "unknown flag"},
 		{"bad addr", []string{"mark", "--addr", "localhost", "x"}, "HOST:PORT"},
 		{"addr port out of range", []string{"check", "--addr", "127.0.0.1:70700", "x"}, "port 70700 is out of range (1-65535)"},
@@ -422,21 +426,24 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	var cl struct {
 		ID           string `json:"id"`
 		Result       string `json:"result"`
+		Lease        string `json:"lease"`
 		FencingToken uint64 `json:"fencing_token"`
 	}
-	if err := json.Unmarshal([]byte(out), &cl); err != nil || cl.Result != "acquired" || cl.FencingToken == 0 {
+	if err := json.Unmarshal([]byte(out), &cl); err != nil || cl.Result != "acquired" || cl.FencingToken == 0 || !strings.HasPrefix(cl.Lease, strconv.FormatUint(cl.FencingToken, 10)+".") {
 		t.Fatalf("claim json %q: %+v %v", out, cl, err)
 	}
 	code, out, _ = runCLI(t, ctx, "", "claim", "--addr", addrs, "job-1")
 	if code != 0 || !strings.HasPrefix(out, "job-1\tin_progress") {
 		t.Fatalf("second claim: %d %q", code, out)
 	}
-	tok := func(n uint64) string { return "job-1=" + strconv.FormatUint(n, 10) }
+	tok := func(n uint64) string {
+		return "job-1=" + strconv.FormatUint(n, 10) + cl.Lease[strings.IndexByte(cl.Lease, '.'):]
+	}
 	code, out, _ = runCLI(t, ctx, "", "commit", "--addr", addrs, tok(cl.FencingToken+100))
 	if code != 0 || !strings.HasPrefix(out, "job-1\tlease_lost") {
 		t.Fatalf("commit with a wrong token: %d %q", code, out)
 	}
-	code, out, _ = runCLI(t, ctx, "", "commit", "--addr", addrs, tok(cl.FencingToken))
+	code, out, _ = runCLI(t, ctx, "", "commit", "--addr", addrs, "job-1="+cl.Lease)
 	if code != 0 || !strings.HasPrefix(out, "job-1\tok") {
 		t.Fatalf("commit: %d %q", code, out)
 	}

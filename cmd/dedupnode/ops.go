@@ -30,7 +30,8 @@ type opFlags struct {
 	lease        time.Duration
 	consistency  string
 	maxStaleness time.Duration
-	fencingToken uint64
+	held         string
+	heldLease    *client.Lease // --held, parsed (ID unset)
 	digest       string
 	requestToken string
 	batch        int
@@ -42,14 +43,15 @@ type op struct {
 	short   string
 	long    string
 	example string
-	// flags says which optional flags the command takes.
-	ttl, lease, consistency, fencing, digest bool
+	// flags says which optional flags the command takes; held: the
+	// command names leases (ID=LEASE, --held).
+	ttl, lease, consistency, held, digest bool
 	// token: the command writes with request tokens (--request-token).
 	token bool
 	// read: the command writes nothing (its batches are answered, not
 	// applied).
 	read bool
-	// run sends one batch of entries (IDs, or ID=TOKEN for lease commands),
+	// run sends one batch of entries (IDs, or ID=LEASE for lease commands),
 	// with the request token of the batch (nil unless o.token).
 	run func(ctx context.Context, c *client.Client, f *opFlags, entries []string, token []byte) ([]client.Result, []string, error)
 }
@@ -96,7 +98,7 @@ through the leader like linearizable (docs/REGIONS.md).`,
   #   order-1	seen	expires_at=...
   #   order-3	not_seen
   dedupnode check job-1                     # claimed, not yet committed
-  #   job-1	seen	state=leased	fencing_token=10	expires_at=...
+  #   job-1	seen	state=leased	expires_at=...
   dedupnode check --consistency stale order-1
   dedupnode check --addr 127.0.0.1:7073 --consistency bounded --max-staleness 5s order-1
   dedupnode check --output json order-1`,
@@ -118,15 +120,24 @@ through the leader like linearizable (docs/REGIONS.md).`,
 			name:  "claim",
 			short: "Take a lease on IDs before processing: acquired, duplicate or in_progress",
 			long: `Claim takes a lease on each ID before you process the message. It prints
-"acquired" with a fencing token (process it, then commit or release with that
-token), "duplicate" (already committed: skip it), "in_progress" (someone else
-holds a live lease: retry later) or "conflict". If the holder crashes, the
-lease expires after --lease (default: the namespace's lease, 30s) and a
-redelivery can claim the ID again.`,
+"acquired" with lease=LEASE (process the message, then commit or release
+ID=LEASE), "duplicate" (already committed: skip it), "in_progress" (someone
+else holds a live lease: retry later, after its expires_at) or "conflict".
+If the holder crashes, the lease expires after --lease (default: the
+namespace's lease, 30s) and a redelivery can claim the ID again.
+
+LEASE is FENCING_TOKEN.REQUEST_TOKEN: the lease's fencing token and, in hex,
+the claim's request token, which only this claim knows. Commit, renew and
+release need both, so only the consumer that claimed can end or extend its
+lease: no answer to anyone else carries a live lease's request token or
+fencing token (in_progress prints state=leased and expires_at only). Keep
+LEASE to yourself; hand the fencing_token to a system that refuses stale
+holders. IDs claimed in one command share one LEASE (commit --held LEASE).`,
 			example: `  dedupnode claim --lease 1m order-7
-  #   order-7	acquired	fencing_token=12	expires_at=...
-  dedupnode commit order-7=12           # success: record it as processed
-  dedupnode release order-7=12          # failure: let a redelivery claim it`,
+  #   order-7	acquired	lease=12.5f0c...	fencing_token=12	expires_at=...
+  lease=$(dedupnode claim --lease 1m order-7 | grep -o 'lease=[^[:space:]]*' | cut -d= -f2)
+  dedupnode commit "order-7=$lease"     # success: record it as processed
+  dedupnode release "order-7=$lease"    # failure: let a redelivery claim it`,
 			lease: true, digest: true, token: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, ids []string, token []byte) ([]client.Result, []string, error) {
 				items, err := f.items(ids, token)
@@ -141,14 +152,13 @@ redelivery can claim the ID again.`,
 			name:  "commit",
 			short: "Turn leases into committed records: ok or lease_lost",
 			long: `Commit turns the leases that claim gave you into committed records that
-answer "duplicate" until --ttl passes (default: the namespace's TTL). Name
-each lease as ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It
-prints "ok", or "lease_lost" when the ID holds no live lease with that token.
+answer "duplicate" until --ttl passes (default: the namespace's TTL). ` + nameLeasesHelp + ` It
+prints "ok", or "lease_lost" when the ID holds no live lease of that LEASE.
 
 ` + leaseLostHelp,
-			example: `  dedupnode commit order-7=12
-  dedupnode commit --fencing-token 12 --ttl 24h order-7`,
-			ttl: true, fencing: true,
+			example: `  dedupnode commit "order-7=$lease"       # the lease= value claim printed
+  dedupnode commit --held "$lease" --ttl 24h order-7 order-8`,
+			ttl: true, held: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
@@ -162,13 +172,12 @@ prints "ok", or "lease_lost" when the ID holds no live lease with that token.
 			name:  "renew",
 			short: "Extend held leases: ok or lease_lost",
 			long: `Renew extends each lease to --lease from now (default: the namespace's
-lease) while processing takes longer than planned. Name each lease as
-ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It prints "ok",
-or "lease_lost".
+lease) while processing takes longer than planned. ` + nameLeasesHelp + ` It
+prints "ok", or "lease_lost".
 
 ` + leaseLostHelp,
-			example: `  dedupnode renew --lease 2m order-7=12`,
-			lease:   true, fencing: true,
+			example: `  dedupnode renew --lease 2m "order-7=$lease"`,
+			lease:   true, held: true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
@@ -182,13 +191,12 @@ or "lease_lost".
 			name:  "release",
 			short: "Drop leases after failed processing so a redelivery can claim at once",
 			long: `Release drops each lease so that a redelivery of the message can claim it
-at once instead of waiting for the lease to expire. Name each lease as
-ID=FENCING_TOKEN, or give --fencing-token N for all IDs. It prints "ok",
-or "lease_lost".
+at once instead of waiting for the lease to expire. ` + nameLeasesHelp + ` It
+prints "ok", or "lease_lost".
 
 ` + leaseLostHelp,
-			example: `  dedupnode release order-7=12`,
-			fencing: true,
+			example: `  dedupnode release "order-7=$lease"`,
+			held:    true,
 			run: func(ctx context.Context, c *client.Client, f *opFlags, entries []string, _ []byte) ([]client.Result, []string, error) {
 				leases, ids, err := f.leases(entries)
 				if err != nil {
@@ -219,21 +227,28 @@ recorded or not.`,
 	return cmds
 }
 
+// nameLeasesHelp says how commit, renew and release name leases.
+const nameLeasesHelp = `Name each lease as ID=LEASE, LEASE being the
+lease= value your claim printed for the ID (FENCING_TOKEN.REQUEST_TOKEN), or
+give --held LEASE for all IDs (one claim command gives its IDs one LEASE).
+A fencing token alone is refused: anyone can guess one, only your claim
+knows its request token.`
+
 // leaseLostHelp says what lease_lost covers and what its reason= detail
 // (the node's LeaseResult.reason) says.
 const leaseLostHelp = `lease_lost means the lease you name is not live; the detail after it says
 why, as the cluster decided when your request applied:
   reason=expired            your lease expired and nothing replaced it: claim again
-  reason=token_mismatch     the ID carries another fencing token: a newer claim
-                            took it after yours expired, or the token is not the
-                            one your claim printed
+  reason=token_mismatch     the ID's lease is not the one you name: a newer claim
+                            took it after yours expired, or LEASE is not the one
+                            your claim printed (another consumer's lease)
   reason=already_committed  the ID is committed (by your own commit, another
                             holder's, or a mark): do not process it again
   reason=not_claimed        no claim of the ID: never claimed, released, forgotten,
                             or expired long enough ago that it was dropped
 (reason=unknown: the node predates reasons.) The other details are the ID's
-live record, if it has one: state=leased with another fencing_token: the
-lease that holds it; expires_at without state=leased: the committed record.
+live record, if it has one: state=leased: another lease holds it, until its
+expires_at; expires_at without state=leased: the committed record.
 --output json gives the same as "reason".`
 
 // answersNotErrors names, for the exit status paragraph of op's help, the
@@ -248,8 +263,8 @@ func answersNotErrors(op string) string {
 func newOpCmd(e *env, o op) *cobra.Command {
 	f := &opFlags{}
 	args := "ID..."
-	if o.fencing {
-		args = "ID=FENCING_TOKEN... | --fencing-token N ID..."
+	if o.held {
+		args = "ID=LEASE... | --held LEASE ID..."
 	}
 	cmd := &cobra.Command{
 		Use:   o.name + " [flags] " + args,
@@ -259,13 +274,13 @@ func newOpCmd(e *env, o op) *cobra.Command {
 IDs come as arguments, or one per line on standard input with "-" (blank
 lines are skipped; an empty argument is a usage error). Output: one line per
 ID: the ID, a tab, the result, then tab-separated details (reason= with
-lease_lost, state=leased, fencing_token, expires_at). An ID that holds a tab, a newline, another
+lease_lost, lease= with acquired, state=leased, fencing_token, expires_at). An ID that holds a tab, a newline, another
 control character, invalid UTF-8 or a non-printable character, or that
 starts with '"', is printed quoted and escaped as Go's strconv.Quote does
 ("a\tb"), so every line is one ID; other IDs are printed as they are.
 --output json prints one JSON object per line with id (id_b64, standard
 base64, for an ID that is not valid UTF-8), result and, when they apply,
-reason, state, first_seen, expires_at, fencing_token and request_token.
+reason, lease, state, first_seen, expires_at, fencing_token and request_token.
 
 Exit status: 0 when every ID got an answer — whatever the answers are
 (` + answersNotErrors(o.name) + ` are results in the output, not
@@ -298,8 +313,8 @@ IDs after them got no answer); 2 for a usage error (nothing was sent).
 		fs.StringVar(&f.consistency, "consistency", "linearizable", "`CONSISTENCY`: linearizable (never misses an acknowledged mark), stale (answer from the contacted node alone) or bounded (from the contacted node when provably at most --max-staleness behind) (env DEDUPNODE_CONSISTENCY)")
 		fs.Var(durationValue{&f.maxStaleness}, "max-staleness", "with --consistency bounded: the largest staleness (`DURATION`, e.g. 5s) accepted from the contacted node's own state (env DEDUPNODE_MAX_STALENESS)")
 	}
-	if o.fencing {
-		fs.Uint64Var(&f.fencingToken, "fencing-token", 0, "fencing token `N` (from claim) for every ID; otherwise give each as ID=TOKEN")
+	if o.held {
+		fs.StringVar(&f.held, "held", "", "the `LEASE` (the lease= value claim printed) of every ID; otherwise give each as ID=LEASE")
 	}
 	if o.token {
 		fs.StringVar(&f.requestToken, "request-token", "", "request token as `HEX` (1-64 bytes) for every ID, instead of a fresh random one per request: "+
@@ -344,8 +359,12 @@ func runOp(e *env, cmd *cobra.Command, o op, f *opFlags, args []string) error {
 			return usagef("%s: %s", flagName(fs, "namespace"), inv.Reason)
 		}
 	}
-	if o.fencing && cmd.Flags().Changed("fencing-token") && f.fencingToken == 0 {
-		return usagef("--fencing-token must be the positive token that claim printed")
+	if o.held && cmd.Flags().Changed("held") {
+		l, err := parseLease(f.held)
+		if err != nil {
+			return usagef("--held %q: %v", f.held, err)
+		}
+		f.heldLease = &l
 	}
 	if o.consistency {
 		cons, err := client.ParseConsistency(f.consistency)
@@ -735,43 +754,72 @@ func (f *opFlags) items(ids []string, token []byte) ([]client.Item, error) {
 	return items, nil
 }
 
-// leases parses entries as IDs (with --fencing-token) or ID=TOKEN, split at
-// the last '='. It returns the leases and the bare IDs.
+// leases parses entries as IDs (with --held) or ID=LEASE, split at the
+// last '='. It returns the leases and the bare IDs.
 func (f *opFlags) leases(entries []string) ([]client.Lease, []string, error) {
 	leases := make([]client.Lease, len(entries))
 	ids := make([]string, len(entries))
 	for i, e := range entries {
-		if f.fencingToken != 0 {
-			// An entry that already carries a token is a mix of the two
+		if f.heldLease != nil {
+			// An entry that already carries a lease is a mix of the two
 			// forms, not an ID: refuse it rather than send it as one. An ID
-			// that does end in =DIGITS goes through as ID=DIGITS=TOKEN.
+			// that does end in =LEASE goes through as ID=LEASE=LEASE.
 			if k := strings.LastIndexByte(e, '='); k >= 0 {
-				if tok, err := strconv.ParseUint(e[k+1:], 10, 64); err == nil && tok > 0 {
-					return nil, nil, &badEntryError{i, fmt.Errorf("%q gives its own fencing token, and so does --fencing-token: use one form (an ID that ends in =%s: give it as %s=%d)", e, e[k+1:], e, f.fencingToken)}
+				if _, err := parseLease(e[k+1:]); err == nil {
+					return nil, nil, &badEntryError{i, fmt.Errorf("%q gives its own lease, and so does --held: use one form (an ID that ends in =%s: give it as %s=%s)", e, e[k+1:], e, f.held)}
 				}
 			}
-			leases[i] = client.Lease{ID: []byte(e), FencingToken: f.fencingToken}
-			ids[i] = e
+			l := *f.heldLease
+			l.ID = []byte(e)
+			leases[i], ids[i] = l, e
 			continue
 		}
 		k := strings.LastIndexByte(e, '=')
 		if k < 0 {
-			return nil, nil, &badEntryError{i, errors.New("no fencing token: give ID=TOKEN with the token claim printed, or --fencing-token N")}
-		}
-		tok, err := strconv.ParseUint(e[k+1:], 10, 64)
-		if errors.Is(err, strconv.ErrRange) {
-			return nil, nil, &badEntryError{i, fmt.Errorf("fencing token %q overflows: fencing tokens are 64-bit, at most %d (give the token claim printed)", e[k+1:], uint64(math.MaxUint64))}
-		}
-		if err != nil || tok == 0 {
-			return nil, nil, &badEntryError{i, fmt.Errorf("fencing token %q is not a positive integer", e[k+1:])}
+			return nil, nil, &badEntryError{i, errors.New("no lease: give ID=LEASE with the lease= value your claim printed, or --held LEASE")}
 		}
 		if k == 0 {
-			return nil, nil, &badEntryError{i, errors.New("empty ID: give ID=TOKEN")}
+			return nil, nil, &badEntryError{i, errors.New("empty ID: give ID=LEASE")}
 		}
-		leases[i] = client.Lease{ID: []byte(e[:k]), FencingToken: tok}
-		ids[i] = e[:k]
+		l, err := parseLease(e[k+1:])
+		if err != nil {
+			return nil, nil, &badEntryError{i, err}
+		}
+		l.ID = []byte(e[:k])
+		leases[i], ids[i] = l, e[:k]
 	}
 	return leases, ids, nil
+}
+
+// leaseText is the LEASE the CLI prints for a lease (claim's lease=) and
+// reads back (ID=LEASE, --held): FENCING_TOKEN.REQUEST_TOKEN, the fencing
+// token in decimal and the claim's request token in hex.
+func leaseText(l client.Lease) string {
+	return strconv.FormatUint(l.FencingToken, 10) + "." + hex.EncodeToString(l.RequestToken)
+}
+
+// parseLease parses a LEASE (leaseText); the Lease has no ID. Its errors
+// say what the value lacks, for the bare fencing token that a LEASE used to
+// be and for the empty value a script gets from an in_progress answer.
+func parseLease(s string) (client.Lease, error) {
+	if s == "" {
+		return client.Lease{}, errors.New(`no LEASE: give the lease= value your claim printed (a claim that did not print one, e.g. "in_progress", took no lease: the ID is someone else's)`)
+	}
+	fence, tok, ok := strings.Cut(s, ".")
+	n, err := strconv.ParseUint(fence, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return client.Lease{}, fmt.Errorf("fencing token %q overflows: fencing tokens are 64-bit, at most %d (give the lease= value your claim printed)", fence, uint64(math.MaxUint64))
+	case err != nil || n == 0:
+		return client.Lease{}, fmt.Errorf("LEASE %q does not start with a positive fencing token: give the lease= value your claim printed (FENCING_TOKEN.REQUEST_TOKEN)", s)
+	case !ok:
+		return client.Lease{}, fmt.Errorf("%q is a fencing token alone, not a LEASE: give the lease= value your claim printed (FENCING_TOKEN.REQUEST_TOKEN); a fencing token does not prove the lease is yours", s)
+	}
+	b, err := hex.DecodeString(tok)
+	if err != nil || len(b) < 1 || len(b) > fsm.MaxTokenBytes {
+		return client.Lease{}, fmt.Errorf("LEASE %q: the request token after the '.' must be 1-%d bytes as hex, as claim prints it", s, fsm.MaxTokenBytes)
+	}
+	return client.Lease{FencingToken: n, RequestToken: b}, nil
 }
 
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
@@ -782,6 +830,7 @@ type resultJSON struct {
 	IDB64        string `json:"id_b64,omitempty"` // an ID that is not valid UTF-8, standard base64
 	Result       string `json:"result"`
 	Reason       string `json:"reason,omitempty"` // lease_lost only
+	Lease        string `json:"lease,omitempty"`  // acquired only
 	State        string `json:"state,omitempty"`
 	FirstSeen    string `json:"first_seen,omitempty"`
 	ExpiresAt    string `json:"expires_at,omitempty"`
@@ -818,6 +867,9 @@ func needsQuote(id string) bool {
 func printResult(w io.Writer, format, id string, r client.Result) error {
 	if format == "json" {
 		j := resultJSON{ID: id, Result: r.Code.String(), Reason: string(r.LostReason)}
+		if l, ok := r.Lease(); ok {
+			j.Lease = leaseText(l)
+		}
 		if !utf8.ValidString(id) {
 			// JSON strings are UTF-8: encoding/json would replace the bad
 			// bytes with U+FFFD, losing the ID. As export does: id_b64.
@@ -849,6 +901,9 @@ func printResult(w io.Writer, format, id string, r client.Result) error {
 		// A detail of its own (the result column stays lease_lost for
 		// scripts that cut it), first so it reads as the why.
 		line += "\treason=" + string(r.LostReason)
+	}
+	if l, ok := r.Lease(); ok {
+		line += "\tlease=" + leaseText(l)
 	}
 	if rec := r.Record; rec != nil {
 		if rec.State == client.StateLeased && r.Code != client.CodeAcquired {

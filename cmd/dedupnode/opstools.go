@@ -512,7 +512,8 @@ optionally "ttl" ("90s", "24h", "7d"), "ttl_ms", or "expires_unix_ms" (as
 expired are skipped). Other lines' TTL is --ttl, else the namespace
 default. TTLs are rounded up to --ttl-granularity so IDs share requests;
 an ID never expires earlier than asked. Marks are idempotent: running an
-import twice is harmless (the second run reports duplicates).
+import twice is harmless (the second run reports duplicates, and live
+leases as leased again: their claims are retried with their tokens).
 
 A line is refused, never imported with another TTL, when a field is
 unknown, repeated or out of range, or it gives more than one of "ttl",
@@ -761,18 +762,20 @@ so every fencing token it grants afterwards exceeds the source's.`,
 	return cmd
 }
 
-// skipImported drops the items already recorded in the state they would
-// be imported in, with the request token they carry: a Mark (or Claim)
-// with that token would answer new (acquired) again, as a retry of the
-// call that recorded it, and a re-run of an import would report every
+// skipImported drops the items already committed with the request token
+// they carry: a Mark with that token would answer new again, as a retry of
+// the call that recorded it, and a re-run of an import would report every
 // record as new. Items without a token need no look: Mark answers
-// duplicate for them.
+// duplicate for them. Leases are not looked up: no Check answer carries a
+// lease's request token (only its holder's claim gets it), so a lease
+// imported before is claimed again with its token, a retry that changes
+// nothing and answers acquired.
 //
 // kept holds the index in items of each item returned.
 func skipImported(ctx context.Context, c *client.Client, ns string, items []client.Item, leased bool) (out []client.Item, kept []int, err error) {
 	var ids [][]byte
 	for _, it := range items {
-		if len(it.RequestToken) > 0 {
+		if len(it.RequestToken) > 0 && !leased {
 			ids = append(ids, it.ID)
 		}
 	}
@@ -787,13 +790,9 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 	if err != nil {
 		return nil, nil, err
 	}
-	want := client.StateCommitted
-	if leased {
-		want = client.StateLeased
-	}
 	present := map[string]bool{}
 	for _, r := range res {
-		if r.Code == client.CodeSeen && r.Record != nil && r.Record.State == want {
+		if r.Code == client.CodeSeen && r.Record != nil && r.Record.State == client.StateCommitted {
 			present[string(r.ID)+"\x00"+string(r.Record.RequestToken)] = true
 		}
 	}

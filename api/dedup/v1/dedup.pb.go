@@ -526,8 +526,10 @@ const (
 	LeaseResult_NOT_CLAIMED LeaseResult_Reason = 1
 	// The lease (or the record its commit made) expired; nothing replaced it.
 	LeaseResult_EXPIRED LeaseResult_Reason = 2
-	// The record carries another fencing token: a newer claim took the ID,
-	// or the token was never granted for it.
+	// The lease named is not the ID's: the record carries another
+	// fencing token (a newer claim took the ID, or the token was never
+	// granted for it) or another request token (the item's is not the
+	// claim's that holds it).
 	LeaseResult_TOKEN_MISMATCH LeaseResult_Reason = 3
 	// The ID is committed (by this lease's own commit, another holder's,
 	// or a mark).
@@ -632,10 +634,13 @@ type Record struct {
 	FirstSeenUnixMs int64                  `protobuf:"varint,2,opt,name=first_seen_unix_ms,json=firstSeenUnixMs,proto3" json:"first_seen_unix_ms,omitempty"`
 	ExpiresUnixMs   int64                  `protobuf:"varint,3,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
 	// request_token of the request that recorded (or claimed) the ID.
+	// Empty for a LEASED record in every answer but the holder's own (see
+	// LeaseItem): with fencing_token it proves a lease.
 	RequestToken []byte `protobuf:"bytes,4,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
 	// payload digest given when recorded; empty if none.
 	Digest []byte `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
-	// fencing token of the latest claim; grows per ID. 0 if never claimed.
+	// fencing token of the latest claim; grows per ID. 0 if never claimed,
+	// and 0 for a LEASED record in every answer but the holder's own.
 	FencingToken  uint64 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1247,7 +1252,13 @@ type ClaimRequest struct {
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Items     []*ClaimItem           `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
 	// Lease duration in milliseconds; 0 means the namespace default lease.
-	LeaseMs       int64  `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	LeaseMs int64 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// The claim's request token (an item's own replaces it for that item).
+	// It is the lease's secret: Commit, Renew and Release must present it
+	// (LeaseItem.request_token), and a claim retried with it answers
+	// ACQUIRED again. Choose it unguessable (the Go client sends 16 random
+	// bytes); an item without one gets a random token from the node, which
+	// its ACQUIRED answer carries.
 	RequestToken  []byte `protobuf:"bytes,4,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1312,9 +1323,13 @@ func (x *ClaimRequest) GetRequestToken() []byte {
 }
 
 type ClaimResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          ClaimResult_Code       `protobuf:"varint,1,opt,name=code,proto3,enum=dedup.v1.ClaimResult_Code" json:"code,omitempty"`
-	Record        *Record                `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"` // fencing_token and expires_unix_ms give the lease
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Code  ClaimResult_Code       `protobuf:"varint,1,opt,name=code,proto3,enum=dedup.v1.ClaimResult_Code" json:"code,omitempty"`
+	// ACQUIRED: the lease, held by this claim: its fencing_token and
+	// request_token name it for Commit, Renew and Release, expires_unix_ms
+	// ends it. IN_PROGRESS: the other holder's lease, without its
+	// fencing_token and request_token (expires_unix_ms says when it ends).
+	Record        *Record `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1407,11 +1422,17 @@ func (x *ClaimResponse) GetResults() []*ClaimResult {
 	return nil
 }
 
-// LeaseItem names a lease by ID and the fencing token Claim returned.
+// LeaseItem names a lease held by the caller: the ID, and the
+// fencing_token and request_token of the record its Claim answered
+// ACQUIRED with. Both are required. Only the lease's holder knows the
+// request token: no answer to anyone else carries a live lease's (nor its
+// fencing token, which is derived from the Raft index and so guessable),
+// so nobody else can commit, renew or release it.
 type LeaseItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            []byte                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	RequestToken  []byte                 `protobuf:"bytes,3,opt,name=request_token,json=requestToken,proto3" json:"request_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1458,6 +1479,13 @@ func (x *LeaseItem) GetFencingToken() uint64 {
 		return x.FencingToken
 	}
 	return 0
+}
+
+func (x *LeaseItem) GetRequestToken() []byte {
+	if x != nil {
+		return x.RequestToken
+	}
+	return nil
 }
 
 type CommitRequest struct {
@@ -3777,10 +3805,11 @@ const file_dedup_v1_dedup_proto_rawDesc = "" +
 	"\vIN_PROGRESS\x10\x03\x12\f\n" +
 	"\bCONFLICT\x10\x04\"@\n" +
 	"\rClaimResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.dedup.v1.ClaimResultR\aresults\"@\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.dedup.v1.ClaimResultR\aresults\"e\n" +
 	"\tLeaseItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\fR\x02id\x12#\n" +
-	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"o\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12#\n" +
+	"\rrequest_token\x18\x03 \x01(\fR\frequestToken\"o\n" +
 	"\rCommitRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12)\n" +
 	"\x05items\x18\x02 \x03(\v2\x13.dedup.v1.LeaseItemR\x05items\x12\x15\n" +

@@ -747,6 +747,13 @@ func (m *LeaseItem) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.RequestToken) > 0 {
+		i -= len(m.RequestToken)
+		copy(dAtA[i:], m.RequestToken)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.RequestToken)))
+		i--
+		dAtA[i] = 0x1a
+	}
 	if m.FencingToken != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.FencingToken))
 		i--
@@ -3168,6 +3175,10 @@ func (m *LeaseItem) SizeVT() (n int) {
 	}
 	if m.FencingToken != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.FencingToken))
+	}
+	l = len(m.RequestToken)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5886,6 +5897,40 @@ func (m *LeaseItem) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 3:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field RequestToken", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.RequestToken = append(m.RequestToken[:0], dAtA[iNdEx:postIndex]...)
+			if m.RequestToken == nil {
+				m.RequestToken = []byte{}
+			}
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
