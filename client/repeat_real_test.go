@@ -58,7 +58,13 @@ func TestRepeatedIDInOneRequest(t *testing.T) {
 
 			res, err = c.Claim(ctx, ns, items("c", "c"), time.Minute)
 			wantResults(t, "claim c c", res, err, "acquired in_progress")
-			lease := client.Lease{ID: []byte("c"), FencingToken: res[0].Record.FencingToken}
+			lease, ok := res[0].Lease()
+			if !ok {
+				t.Fatalf("claim c c: the first answer %+v names no lease", res[0])
+			}
+			if _, ok := res[1].Lease(); ok {
+				t.Fatalf("claim c c: the repeat's in_progress answer %+v names the lease", res[1])
+			}
 			res, err = c.Commit(ctx, ns, []client.Lease{lease, lease}, time.Hour)
 			wantResults(t, "commit c=T c=T", res, err, "ok ok")
 			res, err = c.Claim(ctx, ns, items("c", "c"), time.Minute)
