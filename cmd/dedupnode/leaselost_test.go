@@ -35,8 +35,8 @@ func TestLeaseLostDetailsAreWhatHelpSays(t *testing.T) {
 	_, claimTok, _ := strings.Cut(cl.Lease, ".")
 	run("mark", "marked")
 	for entry, want := range map[string]string{
-		"job=" + strconv.FormatUint(cl.FencingToken+1, 10) + "." + claimTok: "job\tlease_lost\treason=token_mismatch\tstate=leased\texpires_at=", // a wrong fencing token
-		"job=" + strconv.FormatUint(cl.FencingToken, 10) + ".00ff":          "job\tlease_lost\treason=token_mismatch\tstate=leased\texpires_at=", // another claim's request token
+		"job=" + strconv.FormatUint(cl.FencingToken+1, 10) + "." + claimTok: "job\tlease_lost\treason=token_mismatch\tstate=leased\tfencing_token=" + strconv.FormatUint(cl.FencingToken, 10) + "\texpires_at=", // a wrong fencing token (the lease's request token: its holder sees it)
+		"job=" + strconv.FormatUint(cl.FencingToken, 10) + ".00ff":          "job\tlease_lost\treason=token_mismatch\tstate=leased\texpires_at=",                                                                // another claim's request token
 		"never-claimed=5.aa": "never-claimed\tlease_lost\treason=not_claimed\n",           // no record
 		"marked=5.aa":        "marked\tlease_lost\treason=already_committed\texpires_at=", // committed by a mark
 	} {
