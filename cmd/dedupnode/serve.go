@@ -188,7 +188,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "form a new one-node cluster (only on first start)")
 	fs.StringVar(&f.peers, "peers", "", "form a static cluster: `id=raft_addr=grpc_addr,...`, the same list on every node, this node included")
 	fs.StringSliceVar(&f.join, "join", nil, "join a running cluster through these gRPC `ADDR`s of its members")
-	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a request names it (dev and tests)")
+	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a write names it (dev and tests); a check of one that does not exist is NotFound either way")
 	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.UintVar(&f.bloomExpected, "bloom-expected-per-bucket", 100000, "`N` IDs each expiry bucket's Bloom filter is sized for (more chain extra filters)")
 	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
