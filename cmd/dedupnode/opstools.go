@@ -223,7 +223,7 @@ the node table until you 'remove' them.`,
 			if err := requireFlags([]string{"from", from, "node-id", nodeID, "data-dir", dataDir, "raft-addr", raftAddr}); err != nil {
 				return err
 			}
-			if err := checkNodeIDFlag("--node-id", nodeID); err != nil {
+			if err := checkNewNodeIDFlag("--node-id", nodeID); err != nil {
 				return err
 			}
 			if err := checkHostPortFlag("--raft-addr", raftAddr); err != nil {
@@ -317,6 +317,21 @@ func checkNodeIDFlag(flag, id string) error {
 		return usagef("%s: %s", flag, inv.Reason)
 	} else if err != nil {
 		return usagef("%s: %v", flag, err)
+	}
+	return nil
+}
+
+// checkNewNodeIDFlag is checkNodeIDFlag for the ID of a node that is not
+// a member yet (serve on a data dir without state, join, restore): it
+// also refuses ',' and '=', which separate the entries and fields of
+// serve --peers (id=raft_addr=grpc_addr,...), so a node with such an ID
+// could never be named there. Nodes made before this rule keep theirs.
+func checkNewNodeIDFlag(flag, id string) error {
+	if err := checkNodeIDFlag(flag, id); err != nil {
+		return err
+	}
+	if i := strings.IndexAny(id, ",="); i >= 0 {
+		return usagef("%s: %q contains %q, which separates serve --peers (id=raft_addr=grpc_addr,...): a node with this ID could never be named there; pick an ID without ',' or '='", flag, id, id[i:i+1])
 	}
 	return nil
 }
