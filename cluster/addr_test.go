@@ -17,13 +17,27 @@ func TestCheckHostPort(t *testing.T) {
 		}
 	}
 	for _, a := range []string{"", "nonsense", "garbage", "127.0.0.1", ":7000", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000", "host:http",
-		"http://127.0.0.1:7000", "a b:7000", "::1:7000", "127.0.0.1:7000/"} {
+		"http://127.0.0.1:7000", "a b:7000", "::1:7000", "127.0.0.1:7000/", "0.0.0.0:7000", "[::]:7000"} {
 		if err := CheckHostPort(a); err == nil {
 			t.Errorf("CheckHostPort(%q) = nil, want an error", a)
 		}
 	}
 	if err := CheckHostPort("nonsense"); err == nil || !strings.Contains(err.Error(), "want HOST:PORT") {
 		t.Errorf("CheckHostPort(nonsense) = %v, want it to say HOST:PORT", err)
+	}
+}
+
+func TestCheckListenAddr(t *testing.T) {
+	for a, every := range map[string]bool{"127.0.0.1:7000": false, "127.0.0.1:0": false, "localhost:7070": false, "[::1]:0": false,
+		":7000": true, ":0": true, "0.0.0.0:7000": true, "[::]:7070": true} {
+		if got, err := CheckListenAddr(a); err != nil || got != every {
+			t.Errorf("CheckListenAddr(%q) = %v, %v, want %v, nil", a, got, err, every)
+		}
+	}
+	for _, a := range []string{"", "nonsense", "127.0.0.1", "127.0.0.1:", "127.0.0.1:70000", "127.0.0.1:-1", "host:http", "a b:7000", "::1:7000"} {
+		if _, err := CheckListenAddr(a); err == nil {
+			t.Errorf("CheckListenAddr(%q) = nil error, want one", a)
+		}
 	}
 }
 

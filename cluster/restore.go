@@ -42,6 +42,8 @@ var keyCurrentTerm = []byte("CurrentTerm")
 //  5. nodeID is recorded in NodeIDFile, so the data dir starts with no
 //     other ID.
 //
+// On an error dataDir is left as it was: what the seed wrote is removed.
+//
 // Start the node afterwards with the same NodeID and RaftAddr and neither
 // Bootstrap nor Peers: it elects itself, and other nodes join it. Nodes of
 // the old cluster remain in the node table until removed.
@@ -85,6 +87,47 @@ func SeedRoom(dataDir string, backupBytes, minFree, memtable uint64, store LogSt
 		Fix:   "nothing was written; restore onto a larger volume or free space (a lower --min-free-disk, the one the node will be served with, lowers the reserve)"}
 }
 
+// seedUndo returns a function that removes what seeding then adds to
+// dataDir: the topmost folder of its path that does not exist yet, else
+// the entries dataDir does not hold yet.
+func seedUndo(dataDir string) (func() error, error) {
+	ents, err := os.ReadDir(dataDir)
+	if errors.Is(err, os.ErrNotExist) {
+		top := filepath.Clean(dataDir)
+		for {
+			parent := filepath.Dir(top)
+			if parent == top {
+				break
+			}
+			if _, err := os.Lstat(parent); !errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			top = parent
+		}
+		return func() error { return os.RemoveAll(top) }, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read data dir: %w", err)
+	}
+	before := make(map[string]bool, len(ents))
+	for _, e := range ents {
+		before[e.Name()] = true
+	}
+	return func() error {
+		ents, err := os.ReadDir(dataDir)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, e := range ents {
+			if !before[e.Name()] {
+				errs = append(errs, os.RemoveAll(filepath.Join(dataDir, e.Name())))
+			}
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
 // SeedResult describes a data dir seeded from a backup.
 type SeedResult struct {
 	// Index and Term are the backup's Raft index and term.
@@ -126,6 +169,20 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 	if found, err := DetectLogStore(dataDir); err != nil || found != "" {
 		return res, fmt.Errorf("%s already holds Raft state: restore into an empty data dir", dataDir)
 	}
+	// A seed that fails (a truncated or damaged backup, a full disk)
+	// takes back what it wrote: the ID store alone would hold tens of MB
+	// of a state no node can start from.
+	undo, err := seedUndo(dataDir)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if err != nil {
+			if uerr := undo(); uerr != nil {
+				err = fmt.Errorf("%w (removing what the restore wrote failed too: %v)", err, uerr)
+			}
+		}
+	}()
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {
 		return res, fmt.Errorf("create raft dir: %w", err)
 	}

@@ -80,10 +80,10 @@ func sameSharedFields(a, b *fsm.Record) bool {
 	return a.State == b.State && a.FirstSeenMs == b.FirstSeenMs && a.ExpiresMs == b.ExpiresMs && a.Fence == b.Fence
 }
 
-// checkAnswer builds the answer to a Check from results res (nil: every
-// ID is absent, its namespace not created yet), in the form the request
-// asked for. The compact form sends a byte per ID, and a result only for
-// the IDs seen: an absent ID costs a client no allocation.
+// checkAnswer builds the answer to a Check from results res, one per ID,
+// in the form the request asked for. The compact form sends a byte per
+// ID, and a result only for the IDs seen: an absent ID costs a client no
+// allocation.
 func checkAnswer(req *dedupv1.CheckRequest, res []fsm.ItemResult, applied uint64, path dedupv1.ReadPath) (*dedupv1.CheckResponse, error) {
 	n := len(req.Ids)
 	resp := &dedupv1.CheckResponse{AppliedIndex: applied, ReadPath: path}
@@ -94,11 +94,7 @@ func checkAnswer(req *dedupv1.CheckRequest, res []fsm.ItemResult, applied uint64
 	}
 	var notSeen []dedupv1.CheckResult // one allocation for the batch's absent IDs
 	for i := range n {
-		code := fsm.CodeNotSeen
-		if res != nil {
-			code = res[i].Code
-		}
-		switch code {
+		switch code := res[i].Code; code {
 		case fsm.CodeSeen:
 			r := &dedupv1.CheckResult{Code: dedupv1.CheckResult_SEEN, Record: recordPB(res[i].Record, nil)}
 			if req.Compact {

@@ -354,14 +354,9 @@ func (s *Server) Check(ctx context.Context, req *dedupv1.CheckRequest) (*dedupv1
 	applied := f.AppliedIndex()
 	ns, ok := f.Namespace(name)
 	if !ok {
-		if s.cfg.AutoCreateNamespaces {
-			// Nothing can be recorded in a namespace that does not exist.
-			resp, err := checkAnswer(req, nil, applied, path)
-			if err != nil {
-				return nil, toStatus(err)
-			}
-			return resp, nil
-		}
+		// With AutoCreateNamespaces too: a read creates nothing, and
+		// answering not_seen from a namespace that does not exist would
+		// hide a mistyped name behind answers that look right.
 		return nil, toStatus(&fsm.NamespaceError{Name: name, Err: fsm.ErrNamespaceNotFound})
 	}
 	if err := s.validateCheck(req, &ns); err != nil {

@@ -222,11 +222,14 @@ func TestAutoCreateNamespaces(t *testing.T) {
 	tc := startCluster(t, clusterOpts{n: 1, autoCreate: true})
 	ctx := rpcCtx(t)
 	c := tc.nodes[0].dedup
-	chk, err := c.Check(ctx, &dedupv1.CheckRequest{Namespace: "fresh", Ids: ids("f", 2)})
-	if err != nil {
-		t.Fatal(err)
+	// A check creates nothing, and answers NotFound as without
+	// auto-create (it answered not_seen: a mistyped namespace looked
+	// like one where nothing was seen yet).
+	_, err := c.Check(ctx, &dedupv1.CheckRequest{Namespace: "fresh", Ids: ids("f", 2)})
+	wantStatus(t, err, codes.NotFound, "fresh")
+	if _, err := tc.nodes[0].admin.DescribeNamespace(ctx, &dedupv1.DescribeNamespaceRequest{Name: "fresh"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("describe after a check: %v, want NotFound", err)
 	}
-	wantCheckCodes(t, chk, 2, dedupv1.CheckResult_NOT_SEEN)
 	// Concurrent first writes to one new namespace: one creates it, the
 	// others' CreateNamespace is ignored; every ID is NEW exactly once.
 	var wg sync.WaitGroup
@@ -250,6 +253,13 @@ func TestAutoCreateNamespaces(t *testing.T) {
 	d, err := tc.nodes[0].admin.DescribeNamespace(ctx, &dedupv1.DescribeNamespaceRequest{Name: "fresh"})
 	if err != nil || d.Namespace.DefaultTtlMs != 24*3600*1000 {
 		t.Fatalf("describe: %v %v", d, err)
+	}
+	chk, err := c.Check(ctx, &dedupv1.CheckRequest{Namespace: "fresh", Ids: [][]byte{ids("w0", 1)[0], ids("f", 1)[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chk.Results[0].Code != dedupv1.CheckResult_SEEN || chk.Results[1].Code != dedupv1.CheckResult_NOT_SEEN {
+		t.Fatalf("check after the first writes: %v", chk.Results)
 	}
 }
 

@@ -50,6 +50,7 @@ type Config struct {
 	Listener net.Listener
 	// AutoCreateNamespaces creates an unknown namespace named by a write
 	// with fsm.DefaultNamespaceConfig (dev mode); otherwise it is NotFound.
+	// A check creates nothing: an unknown namespace is NotFound either way.
 	AutoCreateNamespaces bool
 	// MaxBatch is the most items one request may carry (default 10 000).
 	MaxBatch int

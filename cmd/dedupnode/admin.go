@@ -444,6 +444,13 @@ the one that does has another ID. --force adds the node without asking.`,
 					}
 				}
 			}
+			// A member keeps its ID, even one from before the rule on
+			// separators; a new one follows it.
+			if was == "" {
+				if err := checkNewNodeIDFlag("--node-id", id); err != nil {
+					return err
+				}
+			}
 			if err := c.Join(ctx, id, raftAddr, grpcAddr); err != nil {
 				return explain(err, f, "")
 			}

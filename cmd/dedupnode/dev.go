@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -48,9 +49,11 @@ type devFlags struct {
 }
 
 const devLong = `Dev runs a local N-node cluster inside this one process, on loopback, with
-namespaces created on first use, and prints the nodes' addresses: one line
-starts with "addrs: " followed by the comma-separated gRPC addresses, ready
-for --addr. Ctrl-C stops every node cleanly.
+namespaces created by the first write to them (a check of one that does
+not exist is an error, as on 'serve'), and prints the nodes' addresses: one
+line starts with "addrs: " followed by the comma-separated gRPC addresses,
+ready for --addr. Ctrl-C, SIGTERM or SIGHUP stops every node cleanly (and
+so does losing the reader of its output), deleting a temporary data dir.
 
 Ports: node i (counting from 0) serves gRPC on BASE+i and Raft on
 BASE+100+i, so the default cluster is 127.0.0.1:7070-7072 (gRPC) and
@@ -68,9 +71,9 @@ from it (node i in DIR/n<i+1>).
 i on PORT+i, or on free ports with PORT 0; the addresses are printed.
 
 Dev has no TLS or token flags: it is a loopback playground in one process,
-with namespaces created on first use. To try TLS (--tls-cert, --tls-key,
---tls-ca, --tls-client-ca) or access tokens (--auth-file), run 'serve'
-nodes: docs/OPERATIONS.md sets up a TLS cluster in five commands.`
+with namespaces created by their first write. To try TLS (--tls-cert,
+--tls-key, --tls-ca, --tls-client-ca) or access tokens (--auth-file), run
+'serve' nodes: docs/OPERATIONS.md sets up a TLS cluster in five commands.`
 
 func newDevCmd(e *env) *cobra.Command {
 	f := &devFlags{}
@@ -166,6 +169,15 @@ func runDev(e *env, f *devFlags) (err error) {
 		}
 	}()
 
+	// Stop as on Ctrl-C when the terminal goes away (SIGHUP) or the
+	// reader of stdout or stderr does (SIGPIPE: 'dedupnode dev | tee log'
+	// and a Ctrl-C that stops tee too), rather than die with the
+	// temporary data dir left behind. The handler stays until the
+	// deferred removal below has run: while it is there a write to a
+	// closed pipe fails with EPIPE instead of killing the process.
+	ctx, stopSignals := signal.NotifyContext(e.ctx, syscall.SIGHUP, syscall.SIGPIPE)
+	defer stopSignals()
+
 	dir, temp := f.dataDir, false
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "dedupnode-dev-"); err != nil {
@@ -190,7 +202,7 @@ func runDev(e *env, f *devFlags) (err error) {
 	}
 	// Every node starts at once: with a static peer list each waits for
 	// the others to elect a leader.
-	sctx, cancel := context.WithTimeout(e.ctx, devStartWithin)
+	sctx, cancel := context.WithTimeout(ctx, devStartWithin)
 	defer cancel()
 	c, err := devcluster.Start(sctx, devcluster.Config{
 		Nodes:                f.nodes,
@@ -207,18 +219,18 @@ func runDev(e *env, f *devFlags) (err error) {
 		},
 	})
 	if err != nil {
-		if e.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return nil
 		}
 		return devStartError(err, f, dir)
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := c.Close(ctx); err != nil {
+		if err := c.Close(cctx); err != nil {
 			logger.Warn("dev: node shutdown", "err", err)
 		}
-		if e.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
 		}
 	}()
@@ -234,7 +246,7 @@ func runDev(e *env, f *devFlags) (err error) {
 	leader := c.NodeID(c.Leader())
 	printDev(e.stdout, e.progName, dir, temp, nodes, leader)
 
-	<-e.ctx.Done()
+	<-ctx.Done()
 	fmt.Fprintln(e.stderr, "dedupnode dev: stopping")
 	// Every node stops at once: their complaints about each other going
 	// away are expected, so only errors at debug level get through.

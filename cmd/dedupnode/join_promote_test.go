@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dedupnode/dedupnode/internal/devcluster"
 	"github.com/dedupnode/dedupnode/internal/testcluster"
 )
@@ -114,5 +116,22 @@ func TestJoinAndPromoteRefuseANodeThatIsNotRunning(t *testing.T) {
 	waitSuffrage(t, ctx, addr, "n4", "voter", "after moving its address")
 	if code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "n4", "--raft-addr", n4.Raft, "--grpc-addr", n4.GRPC, "--timeout", "10s"); code != 0 || !strings.Contains(out, "(was "+moved+")") {
 		t.Fatalf("join back at its own address: exit %d, stdout %q, stderr %q", code, out, errb)
+	}
+
+	// A new member's ID must be one serve --peers can name (join --force
+	// added "r,5"); a member that has one already (added before the
+	// rule; here straight through Raft) can still move.
+	code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "r,5", "--raft-addr", deadRaft, "--grpc-addr", deadGRPC, "--timeout", "10s", "--force")
+	if code != exitUsage || !strings.Contains(errb, `--node-id: "r,5" contains ",", which separates serve --peers`) {
+		t.Fatalf("join --force of a new ID with ',': exit %d, stdout %q, stderr %q", code, out, errb)
+	}
+	waitSuffrage(t, ctx, addr, "r,5", "", "refused join")
+	testcluster.WaitFor(t, 60*time.Second, "o,6 added through the leader's Raft", func() bool {
+		li := cl.Leader()
+		return li >= 0 && cl.Server(li).Node().Raft().AddNonvoter("o,6", raft.ServerAddress(deadRaft), 0, 10*time.Second).Error() == nil
+	})
+	waitSuffrage(t, ctx, addr, "o,6", "nonvoter", "added through raft")
+	if code, out, errb = runCLI(t, ctx, "", "join", "--addr", addr, "--node-id", "o,6", "--raft-addr", moved, "--grpc-addr", deadGRPC, "--timeout", "10s", "--force"); code != 0 || !strings.Contains(out, "(was "+deadRaft+")") {
+		t.Fatalf("join of a member whose ID has ',' at another address: exit %d, stdout %q, stderr %q", code, out, errb)
 	}
 }

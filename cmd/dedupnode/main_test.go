@@ -418,6 +418,20 @@ func TestCLIAgainstDevCluster(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "order-1\tseen") || !strings.Contains(out, "nope\tnot_seen") {
 		t.Fatalf("check: exit %d out %q", code, out)
 	}
+	// A check of a namespace that does not exist is an error naming it,
+	// on dev as on serve (it answered not_seen), and creates nothing; the
+	// first write does.
+	code, out, errs = runCLI(t, ctx, "", "check", "--addr", addrs, "-n", "nope", "x")
+	if code != exitError || out != "" || !strings.Contains(errs, `namespace "nope" does not exist`) {
+		t.Fatalf("check -n nope: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	assertOneLine(t, errs)
+	if code, out, errs = runCLI(t, ctx, "", "mark", "--addr", addrs, "-n", "nope", "x"); code != 0 || !strings.HasPrefix(out, "x\tnew") {
+		t.Fatalf("mark -n nope: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if code, out, errs = runCLI(t, ctx, "", "check", "--addr", addrs, "-n", "nope", "x", "y"); code != 0 || !strings.HasPrefix(out, "x\tseen") || !strings.Contains(out, "y\tnot_seen") {
+		t.Fatalf("check -n nope after the first mark: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
 
 	code, out, errs = runCLI(t, ctx, "", "claim", "--addr", addrs, "--output", "json", "--lease", "1m", "job-1")
 	if code != 0 {

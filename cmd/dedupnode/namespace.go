@@ -173,7 +173,7 @@ window) is a namespace whose TTL is the window.`,
 starting with a letter or digit (another NAME is a usage error). 'serve'
 answers NotFound for a namespace that was not created (unless run with
 --auto-create-namespaces); 'dev' creates namespaces with default settings on
-first use. A flag not given takes its default; 0 is not a value (omit the
+the first write to them (a check creates nothing: NotFound until then). A flag not given takes its default; 0 is not a value (omit the
 flag). --lease may exceed --ttl: a lease bounds processing, and the TTL
 counts from the commit; both are at most --max-ttl. A value given above
 --max-ttl is refused; a default not given is capped at --max-ttl (--max-ttl

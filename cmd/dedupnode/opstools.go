@@ -100,66 +100,90 @@ func newBackupCmd(e *env) *cobra.Command {
 	var out string
 	var noProgress bool
 	cmd := &cobra.Command{
-		Use:   "backup --addr HOST:PORT --out FILE",
+		Use:   "backup --addr HOST:PORT --out FILE|-",
 		Short: "Stream a consistent snapshot of the whole cluster state to a file",
 		Long: `Backup asks a node for a consistent snapshot of every namespace and
 record (taken after a linearizable read barrier: it holds every write
 acknowledged before the command started) and writes it to --out. The file
 ends with a SHA-256 of its content, checked here before the file is put in
-place. 'dedupnode restore' seeds a new cluster from it.`,
-		Example: strings.ReplaceAll(`  dedupnode backup --addr 127.0.0.1:7070 --out dedup-$(date +%F).snap`, "dedupnode ", e.progName+" "),
-		Args:    cobra.NoArgs,
+place. 'dedupnode restore' seeds a new cluster from it.
+
+--out - writes the backup to stdout (not a terminal) and what would be
+said about it to stderr. Its SHA-256 is checked once the last byte is
+out: on an error (exit 1) the output is incomplete, discard it.`,
+		Example: strings.ReplaceAll(`  dedupnode backup --addr 127.0.0.1:7070 --out dedup-$(date +%F).snap
+  dedupnode backup --addr 127.0.0.1:7070 --out - | gzip > dedup.snap.gz`, "dedupnode ", e.progName+" "),
+		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
-				return usagef("--out is required: the file to write the backup to")
+				return usagef("--out is required: the file to write the backup to, or - for stdout")
 			}
-			tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial*")
-			if err != nil {
-				return &opError{err: err, hint: "check that the directory of --out exists and is writable"}
+			var w io.Writer
+			var tmp *os.File // nil: to stdout
+			said, left := e.stdout, "no file was written"
+			if out == "-" {
+				if so, ok := e.stdout.(*os.File); ok && term.IsTerminal(int(so.Fd())) {
+					return usagef("--out -: stdout is a terminal; redirect it to a file or a pipe, or give --out FILE")
+				}
+				w, said, left = e.stdout, e.stderr, "nothing was written"
+			} else {
+				var err error
+				if tmp, err = os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial*"); err != nil {
+					return &opError{err: err, hint: "check that the directory of --out exists and is writable"}
+				}
+				defer os.Remove(tmp.Name())
+				defer tmp.Close()
+				w = tmp
 			}
-			defer os.Remove(tmp.Name())
-			defer tmp.Close()
 			bar := newBar(progressOut(e, noProgress), -1, "backup", true)
 			f.stream = true
 			ctx, gotData, stop := firstData(e.ctx, f.timeout)
 			defer stop()
 			c, err := f.dial(ctx, cmd)
 			if err != nil {
-				return streamError(e, ctx, err, f, "", "backup", false, "no file was written")
+				return streamError(e, ctx, err, f, "", "backup", false, left)
 			}
 			defer c.Close()
 			// --timeout bounds the wait for data, not the stream: a backup
 			// takes as long as it takes. The client verifies the stream's
 			// checksum.
-			info, err := c.Backup(ctx, io.MultiWriter(firstWrite{gotData}, tmp, bar))
+			info, err := c.Backup(ctx, io.MultiWriter(firstWrite{gotData}, w, bar))
 			bar.Finish()
+			if info.Bytes > 0 {
+				left = "no file was written (the partial one was removed)"
+				if tmp == nil {
+					left = "the output is incomplete: discard it"
+				}
+			}
 			if errors.Is(err, client.ErrBackupDamaged) {
-				return &opError{err: err, hint: "run the backup again"}
+				return &opError{err: fmt.Errorf("%w; %s", err, left), hint: "run the backup again"}
 			}
 			if err != nil {
-				left := "no file was written"
-				if info.Bytes > 0 {
-					left += " (the partial one was removed)"
-				}
 				return streamError(e, ctx, err, f, "", "backup", info.Bytes > 0, left)
 			}
 			index, size := info.Index, info.Bytes
-			if err := tmp.Sync(); err != nil {
-				return &opError{err: err}
+			if tmp != nil {
+				if err := tmp.Sync(); err != nil {
+					return &opError{err: err}
+				}
+				if err := tmp.Close(); err != nil {
+					return &opError{err: err}
+				}
+				if err := os.Rename(tmp.Name(), out); err != nil {
+					return &opError{err: err}
+				}
 			}
-			if err := tmp.Close(); err != nil {
-				return &opError{err: err}
+			dest := out
+			if tmp == nil {
+				dest = "stdout"
 			}
-			if err := os.Rename(tmp.Name(), out); err != nil {
-				return &opError{err: err}
-			}
-			return report(e.stdout, f.output, map[string]any{"file": out, "bytes": size, "index": index},
-				"wrote %s (%d bytes, state as of Raft index %d)", out, size, index)
+			return report(said, f.output, map[string]any{"file": out, "bytes": size, "index": index},
+				"wrote %s (%d bytes, state as of Raft index %d)", dest, size, index)
 		}),
 	}
 	f.register(cmd)
 	cmd.Flags().Lookup("timeout").Usage = fmt.Sprintf(streamTimeoutUsage, "backup")
-	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (written to a temporary file first, renamed when complete and verified)")
+	cmd.Flags().StringVar(&out, "out", "", "`FILE` to write (written to a temporary file first, renamed when complete and verified); - for stdout")
 	cmd.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw a progress bar (it is drawn only when stderr is a terminal)")
 	return cmd
 }
@@ -167,7 +191,7 @@ place. 'dedupnode restore' seeds a new cluster from it.`,
 func newRestoreCmd(e *env) *cobra.Command {
 	var from, nodeID, dataDir, raftAddr, logStore, minFreeDisk string
 	cmd := &cobra.Command{
-		Use:   "restore --from FILE --node-id ID --data-dir DIR --raft-addr HOST:PORT",
+		Use:   "restore --from FILE|- --node-id ID --data-dir DIR --raft-addr HOST:PORT",
 		Short: "Seed a new cluster's first node from a backup (offline)",
 		Long: `Restore prepares an empty --data-dir as the first node of a new cluster
 holding the state of a backup: it verifies the backup's checksum, installs
@@ -182,7 +206,10 @@ can still grant (docs/OPERATIONS.md, Fencing tokens).
 Before writing anything it compares the free space of --data-dir's volume
 with what the node will hold (the ID store and a Raft snapshot, each about
 the backup's size) plus the --min-free-disk it will be served with, and
-refuses at once when they do not fit.
+refuses at once when they do not fit. --from - reads the backup from stdin,
+whose size is known up front only when redirected from a file (not a
+pipe). A restore that fails (a truncated or damaged backup, a full disk)
+leaves --data-dir as it was.
 
 Then start the node with 'serve' and the same --node-id, --data-dir and
 --raft-addr, and without --bootstrap, --peers or --join; start the other
@@ -196,7 +223,7 @@ the node table until you 'remove' them.`,
 			if err := requireFlags([]string{"from", from, "node-id", nodeID, "data-dir", dataDir, "raft-addr", raftAddr}); err != nil {
 				return err
 			}
-			if err := checkNodeIDFlag("--node-id", nodeID); err != nil {
+			if err := checkNewNodeIDFlag("--node-id", nodeID); err != nil {
 				return err
 			}
 			if err := checkHostPortFlag("--raft-addr", raftAddr); err != nil {
@@ -215,23 +242,22 @@ the node table until you 'remove' them.`,
 					return usagef("--min-free-disk %q: want a size such as 512MiB or 2GiB, or auto", minFreeDisk)
 				}
 			}
-			in, err := os.Open(from)
+			in, size, err := openBackup(e, from)
 			if err != nil {
-				return &opError{err: err, hint: "check --from"}
+				return err
 			}
 			defer in.Close()
-			fi, err := in.Stat()
-			if err != nil {
-				return &opError{err: err, hint: "check --from"}
-			}
-			if err := cluster.SeedRoom(dataDir, uint64(max(fi.Size(), 0)), uint64(minFree), uint64(autoMemtable(dataDir)), store); err != nil {
+			if err := cluster.SeedRoom(dataDir, size, uint64(minFree), uint64(autoMemtable(dataDir)), store); err != nil {
 				return &opError{err: err}
 			}
 			res, err := cluster.SeedFromBackupStore(dataDir, nodeID, raftAddr, store, in, nil, time.Now())
 			if err != nil {
-				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
+				return &opError{err: fmt.Errorf("%w; %s is as it was", err, dataDir), hint: "check that --from is a complete backup made by 'dedupnode backup'"}
 			}
 			c := res.Records
+			if from == "-" {
+				from = "stdin"
+			}
 			fmt.Fprintf(e.stdout, "restored %s into %s (Raft index %d, term %d) as node %s at %s\n", from, dataDir, res.Index, res.Term, nodeID, raftAddr)
 			fmt.Fprintf(e.stdout, "records: %d restored (%d committed, %d leased); skipped as expired: %d; released leases (count as absent): %d\n",
 				c.Live(), c.Committed, c.Leased, c.Expired, c.Released)
@@ -241,13 +267,45 @@ the node table until you 'remove' them.`,
 		}),
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&from, "from", "", "backup `FILE` written by 'dedupnode backup'")
+	fs.StringVar(&from, "from", "", "backup `FILE` written by 'dedupnode backup'; - for stdin")
 	fs.StringVar(&nodeID, "node-id", "", "`ID` of the new cluster's first node (a new ID, not one of the old cluster's)")
 	fs.StringVar(&dataDir, "data-dir", "", "empty `DIR` to seed")
 	fs.StringVar(&raftAddr, "raft-addr", "", "Raft `HOST:PORT` the node will serve on, as the other nodes reach it")
 	fs.StringVar(&logStore, "raft-log-store", string(cluster.DefaultLogStore), "Raft log `STORE` the node will be served with (serve --raft-log-store): wal or boltdb")
 	fs.StringVar(&minFreeDisk, "min-free-disk", "auto", "free space (`SIZE`, e.g. 1GiB) the node will be served with (serve --min-free-disk): restore refuses at once unless the volume has it free beyond the ID store and the Raft snapshot it writes; \"auto\": what serve's automatic threshold will be, 64MiB plus twice the restored store")
 	return cmd
+}
+
+// openBackup opens restore's --from: a file, or stdin for "-". size is
+// the backup's size in bytes when known (a file, stdin redirected from
+// one), else 0: a backup read from a pipe is measured only as it arrives.
+func openBackup(e *env, from string) (io.ReadCloser, uint64, error) {
+	var f *os.File
+	if from == "-" {
+		sf, ok := e.stdin.(*os.File)
+		if !ok {
+			return io.NopCloser(e.stdin), 0, nil
+		}
+		f = sf
+	} else {
+		var err error
+		if f, err = os.Open(from); err != nil {
+			return nil, 0, &opError{err: err, hint: "check --from"}
+		}
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, &opError{err: err, hint: "check --from"}
+	}
+	var size uint64
+	if fi.Mode().IsRegular() {
+		size = uint64(max(fi.Size(), 0))
+	}
+	if from == "-" {
+		return io.NopCloser(f), size, nil // stdin stays open: it is not ours
+	}
+	return f, size, nil
 }
 
 // checkNodeIDFlag refuses an ID fsm.ValidateNodeID refuses (the one rule
@@ -259,6 +317,21 @@ func checkNodeIDFlag(flag, id string) error {
 		return usagef("%s: %s", flag, inv.Reason)
 	} else if err != nil {
 		return usagef("%s: %v", flag, err)
+	}
+	return nil
+}
+
+// checkNewNodeIDFlag is checkNodeIDFlag for the ID of a node that is not
+// a member yet (serve on a data dir without state, join, restore): it
+// also refuses ',' and '=', which separate the entries and fields of
+// serve --peers (id=raft_addr=grpc_addr,...), so a node with such an ID
+// could never be named there. Nodes made before this rule keep theirs.
+func checkNewNodeIDFlag(flag, id string) error {
+	if err := checkNodeIDFlag(flag, id); err != nil {
+		return err
+	}
+	if i := strings.IndexAny(id, ",="); i >= 0 {
+		return usagef("%s: %q contains %q, which separates serve --peers (id=raft_addr=grpc_addr,...): a node with this ID could never be named there; pick an ID without ',' or '='", flag, id, id[i:i+1])
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/dedupnode/dedupnode/cluster"
 )
 
 // Exit codes.
@@ -154,7 +156,10 @@ command's --help); serve reads one for every flag.
 
 Exit codes: 0 success (for mark, check, claim, ...: every ID got an answer,
 whatever it is: per-ID results such as duplicate or lease_lost are in the
-output), 1 operational error, 2 usage error.`
+output), 1 operational error, 2 usage error.
+
+Shell completion: source <(dedupnode completion bash) (or zsh, fish,
+powershell; see 'dedupnode completion SHELL --help').`
 
 func newRootCmd(e *env) *cobra.Command {
 	root := &cobra.Command{
@@ -177,7 +182,6 @@ func newRootCmd(e *env) *cobra.Command {
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.CompletionOptions.DisableDefaultCmd = true
 
 	root.AddGroup(
 		&cobra.Group{ID: "server", Title: "Run a cluster:"},
@@ -204,7 +208,51 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newWanSimCmd(e))
 	root.AddCommand(newWebhookProxyCmd(e))
 	root.AddCommand(newDemoCmd(e))
+	// Cobra's completion command, made now rather than at Execute so
+	// that a shell it has no script for is refused (it printed the help
+	// and exited 0).
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Args = cobra.ArbitraryArgs
+			c.RunE = func(_ *cobra.Command, args []string) error {
+				if len(args) > 0 {
+					return usagef("no completion for shell %q: want bash, zsh, fish or powershell", args[0])
+				}
+				return usagef("name the shell: bash, zsh, fish or powershell (e.g. source <(dedupnode completion bash))")
+			}
+		}
+	}
+	completeFlagValues(root)
 	return root
+}
+
+// flagValues are the words the flags of these names take, whichever
+// command they belong to, offered by shell completion ('dedupnode
+// completion SHELL'), which otherwise offers file names.
+var flagValues = map[string][]string{
+	"output":         {"text", "json"},
+	"consistency":    {"linearizable", "stale", "bounded"},
+	"log-level":      {"debug", "info", "warn", "error"},
+	"log-format":     {"text", "json"},
+	"raft-log-store": {string(cluster.LogStoreWAL), string(cluster.LogStoreBoltDB)},
+}
+
+// completeFlagValues registers flagValues' completions on c and every
+// command under it.
+func completeFlagValues(c *cobra.Command) {
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if words, ok := flagValues[f.Name]; ok {
+			// Fails only for a flag c does not have or one registered
+			// twice: neither happens in a walk of c's own flags.
+			if err := c.RegisterFlagCompletionFunc(f.Name, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
+				panic(err)
+			}
+		}
+	})
+	for _, sub := range c.Commands() {
+		completeFlagValues(sub)
+	}
 }
 
 // applyEnv sets each flag of fs that was not given on the command line from

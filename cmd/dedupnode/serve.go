@@ -43,6 +43,7 @@ type serveFlags struct {
 	dataDir       string
 	raftAddr      string
 	grpcAddr      string
+	grpcAdvertise string
 	bootstrap     bool
 	peers         string
 	join          []string
@@ -84,7 +85,7 @@ type serveFlags struct {
 }
 
 var serveFlagNames = []string{
-	"node-id", "data-dir", "raft-addr", "grpc-addr", "bootstrap", "peers", "join",
+	"node-id", "data-dir", "raft-addr", "grpc-addr", "grpc-advertise", "bootstrap", "peers", "join",
 	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
 	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
 	"raft-log-store", "log-level", "log-format",
@@ -181,14 +182,15 @@ func newServeCmd(e *env) *cobra.Command {
 		}),
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&f.nodeID, "node-id", "", "this node's `ID`, unique across all time (a replaced machine gets a new ID)")
+	fs.StringVar(&f.nodeID, "node-id", "", "this node's `ID`, unique across all time (a replaced machine gets a new ID); no ',' or '=', which separate --peers")
 	fs.StringVar(&f.dataDir, "data-dir", "", "`DIR` for the Raft log, snapshots and the ID store; created if missing")
-	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7000", "`HOST:PORT` for Raft traffic between nodes, as the other nodes reach it")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7070", "`HOST:PORT` for clients (gRPC), as clients and other nodes reach it")
+	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7000", "`HOST:PORT` for Raft traffic between nodes, as the other nodes reach it (every interface, e.g. 0.0.0.0:7000, needs --raft-advertise)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7070", "`HOST:PORT` for clients (gRPC), as clients and other nodes reach it (every interface, e.g. 0.0.0.0:7070, needs --grpc-advertise)")
+	fs.StringVar(&f.grpcAdvertise, "grpc-advertise", "", "`HOST:PORT` clients and other nodes dial for gRPC when it differs from --grpc-addr (a container's port mapping, a proxy); default --grpc-addr")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "form a new one-node cluster (only on first start)")
 	fs.StringVar(&f.peers, "peers", "", "form a static cluster: `id=raft_addr=grpc_addr,...`, the same list on every node, this node included")
 	fs.StringSliceVar(&f.join, "join", nil, "join a running cluster through these gRPC `ADDR`s of its members")
-	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a request names it (dev and tests)")
+	fs.BoolVar(&f.autoCreate, "auto-create-namespaces", false, "create a namespace with default settings the first time a write names it (dev and tests); a check of one that does not exist is NotFound either way")
 	fs.IntVar(&f.maxBatch, "max-batch", 10000, "most IDs (`N`) accepted in one request")
 	fs.UintVar(&f.bloomExpected, "bloom-expected-per-bucket", 100000, "`N` IDs each expiry bucket's Bloom filter is sized for (more chain extra filters)")
 	fs.Float64Var(&f.bloomFPRate, "bloom-fp-rate", 0.01, "target Bloom filter false-positive `RATE`, in (0, 0.5]")
@@ -357,10 +359,18 @@ func parsePeers(s string) ([]cluster.Peer, error) {
 		}
 		parts := strings.Split(p, "=")
 		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-			return nil, usagef("--peers entry %q: want id=raft_addr=grpc_addr, e.g. n1=127.0.0.1:7000=127.0.0.1:7070", p)
+			return nil, usagef("--peers entry %q: want id=raft_addr=grpc_addr, e.g. n1=127.0.0.1:7000=127.0.0.1:7070 (',' separates the entries and '=' the fields, so neither can be part of a node ID)", p)
 		}
 		if err := checkNodeIDFlag(fmt.Sprintf("--peers entry %q: node id", p), parts[0]); err != nil {
 			return nil, err
+		}
+		// Each is an address the other nodes dial: a node listed at one
+		// they cannot ("b=foo=bar") was waited for forever.
+		if err := cluster.CheckHostPort(parts[1]); err != nil {
+			return nil, usagef("--peers entry %q: raft_addr %v", p, err)
+		}
+		if err := cluster.CheckHostPort(parts[2]); err != nil {
+			return nil, usagef("--peers entry %q: grpc_addr %v", p, err)
 		}
 		if seen[parts[0]] {
 			return nil, usagef("--peers: node id %q appears twice", parts[0])
@@ -385,6 +395,13 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if f.dataDir == "" {
 		return cfg, nil, usagef("--data-dir is required: where this node keeps its data (e.g. --data-dir data/%s)", f.nodeID)
 	}
+	// A data dir with state keeps the ID it was made with, even one from
+	// before the rule on separators.
+	if !hasState(f.dataDir) {
+		if err := checkNewNodeIDFlag("--node-id", f.nodeID); err != nil {
+			return cfg, nil, err
+		}
+	}
 	modes := 0
 	if f.bootstrap {
 		modes++
@@ -400,6 +417,9 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	if modes == 0 && !hasState(f.dataDir) {
 		return cfg, nil, usagef("%s holds no state yet: give one of --bootstrap (new cluster), --peers LIST (static cluster) or --join ADDR (join a running one)", f.dataDir)
+	}
+	if err := f.checkAddrs(); err != nil {
+		return cfg, nil, err
 	}
 	if f.maxBatch < 1 {
 		return cfg, nil, usagef("--max-batch must be at least 1")
@@ -493,7 +513,7 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 			NodeID:    f.nodeID,
 			DataDir:   f.dataDir,
 			RaftAddr:  f.raftAddr,
-			GRPCAddr:  f.grpcAddr,
+			GRPCAddr:  f.grpcAdvertised(),
 			Bootstrap: f.bootstrap,
 			Peers:     peers,
 			Logger:    logger,

@@ -1,8 +1,8 @@
 // Package rabbitproc starts a private RabbitMQ broker (the Debian
 // rabbitmq-server package, or any install with the same scripts) for
 // tests and the demo: its own node name, data, log and Erlang port mapper
-// in a directory, AMQP and distribution ports from the OS on 127.0.0.1,
-// stopped by its PID. The system's RabbitMQ service, if any, is left
+// in a directory, AMQP, distribution and port mapper listening on ports
+// from the OS on loopback only, stopped by its PID. The system's RabbitMQ service, if any, is left
 // alone.
 package rabbitproc
 
@@ -135,7 +135,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.stopEPMD()
 		return nil, fmt.Errorf("rabbitproc: %w", err)
 	}
-	erlArgs := []string{"-noinput"}
+	// The distribution listener (how rabbitmqctl reaches the node) binds
+	// every interface unless told otherwise: RABBITMQ_DIST_PORT fixes its
+	// port, not its address.
+	loopbackDist := "-kernel inet_dist_use_interface {127,0,0,1}"
+	erlArgs := []string{"-noinput", loopbackDist}
 	if cfg.ConsumerTimeout > 0 {
 		tick := cfg.TickInterval
 		if tick <= 0 {
@@ -169,6 +173,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		// broker's: SIGTERM stops it cleanly and it dies with us.
 		"RABBITMQ_ALLOW_INPUT=1",
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+strings.Join(erlArgs, " "),
+		// rabbitmqctl (QueueCounts) is a distribution node of its own
+		// while it runs.
+		"RABBITMQ_CTL_ERL_ARGS="+loopbackDist,
 	)
 	s.env = cmd.Env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
