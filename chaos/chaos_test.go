@@ -10,6 +10,7 @@ import (
 
 	"github.com/dedupnode/dedupnode/chaos/check"
 	"github.com/dedupnode/dedupnode/chaos/history"
+	"github.com/dedupnode/dedupnode/internal/longtest"
 	"github.com/dedupnode/dedupnode/internal/testbin"
 )
 
@@ -67,20 +68,6 @@ func runChaos(t *testing.T, cfg Config) *Result {
 	return res
 }
 
-// longEnv names the environment variable that, set to 1, also runs the
-// long chaos runs (every process fault for 30 s; six nodes across
-// regions). .ci/run sets it; without it the package runs a short run with
-// the faults that matter most, and the runs that show the checker
-// catching a broken server.
-const longEnv = "DEDUPNODE_LONG_TESTS"
-
-func needLong(t *testing.T) {
-	t.Helper()
-	if os.Getenv(longEnv) != "1" {
-		t.Skipf("a long chaos run; %s=1 runs it (.ci/run sets it)", longEnv)
-	}
-}
-
 // A correct server keeps every invariant while its leader is killed,
 // frozen (it wakes up believing it leads) and cut off from a majority.
 func TestChaosProcessRunKeepsEveryInvariant(t *testing.T) {
@@ -88,9 +75,9 @@ func TestChaosProcessRunKeepsEveryInvariant(t *testing.T) {
 	keepsEveryInvariant(t, testConfig(t, dn, 12*time.Second, FaultKillLeader, FaultPauseLeader, FaultSplit))
 }
 
-// The same for longer, under every process-mode fault.
+// The same for longer, under every process-mode fault (longtest).
 func TestChaosLongProcessRunKeepsEveryInvariant(t *testing.T) {
-	needLong(t)
+	longtest.Need(t)
 	dn, _ := binaries(t)
 	keepsEveryInvariant(t, testConfig(t, dn, 30*time.Second,
 		FaultKillLeader, FaultPauseLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultKillAll, FaultSlow))
@@ -193,7 +180,7 @@ func TestChaosCatchesDivergentDigests(t *testing.T) {
 // region keep answering stale checks while their bounded and
 // linearizable checks answer seen or fail within the deadline.
 func TestChaosAcrossRegionsWithReplicas(t *testing.T) {
-	needLong(t)
+	longtest.Need(t)
 	dn, _ := binaries(t)
 	cfg := testConfig(t, dn, 30*time.Second, FaultRegionCut, FaultRegionOneWay, FaultKillLeaderRegion, FaultRegionDelay)
 	cfg.Replicas, cfg.Regions, cfg.WANDelay = 3, 3, 10*time.Millisecond
