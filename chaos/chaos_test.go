@@ -4,69 +4,29 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dedupnode/dedupnode/chaos/check"
 	"github.com/dedupnode/dedupnode/chaos/history"
+	"github.com/dedupnode/dedupnode/internal/longtest"
+	"github.com/dedupnode/dedupnode/internal/testbin"
 )
 
 // These tests start real `dedupnode serve` processes (and a deliberately
 // broken build of the server) and run the chaos runner against them. They
 // assert on what the checker finds, never on timing.
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-// binaries builds dedupnode and the unsafe test server once per test run.
+// binaries returns dedupnode and the unsafe test server, built once per
+// test run (testbin).
 func binaries(t *testing.T) (dedupnode, unsafeServe string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts real server processes; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "dedupnode-chaos-test-*")
-		if buildErr != nil {
-			return
-		}
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		cmd := exec.Command(goBin, "build", "-o", buildDir+string(os.PathSeparator),
-			"github.com/dedupnode/dedupnode/cmd/dedupnode", "github.com/dedupnode/dedupnode/chaos/internal/unsafeserve")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = &buildError{err: err, out: string(out)}
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build the binaries: %v", buildErr)
-	}
-	return filepath.Join(buildDir, "dedupnode"), filepath.Join(buildDir, "unsafeserve")
+	return testbin.Build(t, testbin.Module+"/cmd/dedupnode"),
+		testbin.Build(t, testbin.Module+"/chaos/internal/unsafeserve")
 }
 
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m)) }
 
 func testConfig(t *testing.T, binary string, d time.Duration, faults ...string) Config {
 	dir := t.TempDir()
@@ -108,10 +68,23 @@ func runChaos(t *testing.T, cfg Config) *Result {
 	return res
 }
 
+// A correct server keeps every invariant while its leader is killed,
+// frozen (it wakes up believing it leads) and cut off from a majority.
 func TestChaosProcessRunKeepsEveryInvariant(t *testing.T) {
 	dn, _ := binaries(t)
-	cfg := testConfig(t, dn, 30*time.Second,
-		FaultKillLeader, FaultPauseLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultKillAll, FaultSlow)
+	keepsEveryInvariant(t, testConfig(t, dn, 12*time.Second, FaultKillLeader, FaultPauseLeader, FaultSplit))
+}
+
+// The same for longer, under every process-mode fault (longtest).
+func TestChaosLongProcessRunKeepsEveryInvariant(t *testing.T) {
+	longtest.Need(t)
+	dn, _ := binaries(t)
+	keepsEveryInvariant(t, testConfig(t, dn, 30*time.Second,
+		FaultKillLeader, FaultPauseLeader, FaultSplit, FaultOneWay, FaultAsymmetric, FaultKillAll, FaultSlow))
+}
+
+func keepsEveryInvariant(t *testing.T, cfg Config) {
+	t.Helper()
 	res := runChaos(t, cfg)
 	rep := res.Report
 	if !rep.OK() {
@@ -207,6 +180,7 @@ func TestChaosCatchesDivergentDigests(t *testing.T) {
 // region keep answering stale checks while their bounded and
 // linearizable checks answer seen or fail within the deadline.
 func TestChaosAcrossRegionsWithReplicas(t *testing.T) {
+	longtest.Need(t)
 	dn, _ := binaries(t)
 	cfg := testConfig(t, dn, 30*time.Second, FaultRegionCut, FaultRegionOneWay, FaultKillLeaderRegion, FaultRegionDelay)
 	cfg.Replicas, cfg.Regions, cfg.WANDelay = 3, 3, 10*time.Millisecond

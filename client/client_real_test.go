@@ -246,17 +246,23 @@ func TestRetryIfStopsTheRetries(t *testing.T) {
 	}
 }
 
+// A call whose attempts keep failing retries until the caller's context
+// ends, then returns the context's error. The context ends once the
+// client has retried twice: a deadline short enough to keep the test
+// quick could pass on a loaded machine before the first attempt was made.
 func TestRetriesAreBoundedByTheCallersContext(t *testing.T) {
 	n := startSingle(t, nil)
 	c := newClient(t, []string{n.addr}, client.WithRetry(1<<20, 20*time.Millisecond, 50*time.Millisecond))
 	n.faults.FailNext(markMethod, 1<<30)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Mark(ctx, "ns", items("a"), 0)
 		done <- err
 	}()
+	testcluster.WaitFor(t, 60*time.Second, "three mark attempts", func() bool { return n.faults.Calls(markMethod) >= 3 })
+	cancel()
 	// Without the bound, 2^20 attempts would take hours: wait for the call
 	// to return, with a deadline generous enough for two loaded cores under
 	// -race, rather than time it.
@@ -264,13 +270,10 @@ func TestRetriesAreBoundedByTheCallersContext(t *testing.T) {
 	select {
 	case err = <-done:
 	case <-time.After(30 * time.Second):
-		t.Fatal("Mark still retrying 30s after its 300ms deadline")
+		t.Fatal("Mark still retrying 30s after its context was cancelled")
 	}
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("err = %v, want deadline exceeded", err)
-	}
-	if n.faults.Calls(markMethod) < 2 {
-		t.Fatalf("%d mark attempts, want retries until the deadline", n.faults.Calls(markMethod))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -97,33 +98,77 @@ func TestDeadLeaderIsNotDialledAgainDuringElection(t *testing.T) {
 // fails with ErrOutcomeUnknown ("outcome unknown; retry with the same
 // request token"), whatever the last attempt saw (a refused connection, no
 // leader), and names the node that last acted as leader.
+//
+// The write must reach the leader while it still leads. The leader steps
+// down a lease timeout after it last heard from a majority, and on loaded
+// cores that can pass while the followers are being killed: then the
+// leader answers that it leads no more, nothing is written, and the call
+// must not say the outcome is unknown. The followers then come back and
+// the case is tried again.
 func TestWriteAfterQuorumLossSaysOutcomeUnknownAndLastLeader(t *testing.T) {
 	cl := testcluster.Demo(t)
-	ctx := testCtx(t, 90*time.Second)
-	c := newClient(t, cl.Addrs())
-	if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("before")}}, 0); err != nil {
-		t.Fatal(err)
-	}
-	leader := cl.Leader()
-	for i := range cl.Size() {
-		if i != leader {
-			if err := cl.Kill(i); err != nil {
-				t.Fatal(err)
+	ctx := testCtx(t, 5*time.Minute)
+	var log rpcLog
+	c := newClient(t, cl.Addrs(), client.WithDialOptions(log.interceptor()))
+	for round := 1; ; round++ {
+		if _, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("before")}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		leader := -1
+		testcluster.WaitFor(t, 60*time.Second, "the client to know the leader", func() bool {
+			if _, err := c.Check(ctx, "orders", [][]byte{[]byte("before")}, client.Linearizable); err != nil {
+				return false
+			}
+			leader = cl.Leader()
+			return leader >= 0 && c.Leader() == cl.Addrs()[leader]
+		})
+		var killed []int
+		for i := range cl.Size() {
+			if i != leader {
+				if err := cl.Kill(i); err != nil {
+					t.Fatal(err)
+				}
+				killed = append(killed, i)
 			}
 		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, 8*time.Second)
-	defer cancel()
-	_, err := c.Mark(wctx, "orders", []client.Item{{ID: []byte("in-doubt")}}, 0)
-	if !errors.Is(err, client.ErrOutcomeUnknown) {
-		t.Fatalf("mark without quorum: %v, want ErrOutcomeUnknown", err)
-	}
-	if !strings.Contains(err.Error(), "outcome unknown; retry with the same request token") {
-		t.Errorf("error text %q does not say so", err)
-	}
-	var e *client.Error
-	if !errors.As(err, &e) || e.LastLeader != cl.Addrs()[leader] {
-		t.Errorf("last leader %q, want %s (the node that led)", e.LastLeader, cl.Addrs()[leader])
+		sent := len(log.snapshot())
+		wctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+		_, err := c.Mark(wctx, "orders", []client.Item{{ID: fmt.Appendf(nil, "in-doubt-%d", round)}}, 0)
+		cancel()
+		attempts := log.snapshot()[sent:]
+		if len(attempts) == 0 || attempts[0].target != cl.Addrs()[leader] {
+			t.Fatalf("round %d: the first attempt went to %v, want the leader %s", round, attempts, cl.Addrs()[leader])
+		}
+		if errors.Is(client.AsError(attempts[0].err), client.ErrNotLeader) {
+			// The leader had stepped down before the write reached it.
+			if errors.Is(err, client.ErrOutcomeUnknown) {
+				t.Fatalf("round %d: %v, although the leader refused the write and no other node accepted a connection", round, err)
+			}
+			if round == 5 {
+				t.Fatalf("the leader stepped down before the write reached it in %d rounds; last: %v", round, err)
+			}
+			t.Logf("round %d: the leader stepped down before the write reached it (%v); again", round, err)
+			for _, i := range killed {
+				if err := cl.Restart(ctx, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := cl.WaitLeader(ctx); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if !errors.Is(err, client.ErrOutcomeUnknown) {
+			t.Fatalf("mark without quorum: %v, want ErrOutcomeUnknown", err)
+		}
+		if !strings.Contains(err.Error(), "outcome unknown; retry with the same request token") {
+			t.Errorf("error text %q does not say so", err)
+		}
+		var e *client.Error
+		if !errors.As(err, &e) || e.LastLeader != cl.Addrs()[leader] {
+			t.Errorf("last leader %q, want %s (the node that led)", e.LastLeader, cl.Addrs()[leader])
+		}
+		return
 	}
 }
 

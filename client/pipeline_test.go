@@ -157,8 +157,11 @@ func TestStreamTransportCarriesEveryCall(t *testing.T) {
 
 // A stream that breaks with calls in flight fails them with a retryable
 // error, and the client retries them, with their request tokens, on the
-// next leader: here the leader applies a Mark and is killed before the
-// client reads the answer. The retry returns the original NEW.
+// next leader: here the node the client streams to (the leader it found)
+// answers a Mark, which the cluster applied, and is killed before the
+// client reads the answer. The retry returns the original NEW. The node is
+// not asked whether it still leads: on a loaded machine an election can
+// move the leadership meanwhile, and the answer was lost all the same.
 func TestStreamBrokenAfterApplyRetryReturnsOriginalNew(t *testing.T) {
 	cl := testcluster.Demo(t)
 	ctx := testCtx(t, 90*time.Second)
@@ -169,14 +172,14 @@ func TestStreamBrokenAfterApplyRetryReturnsOriginalNew(t *testing.T) {
 			return nil
 		}
 		i := indexOf(cl.Addrs(), target)
-		if i < 0 || cl.Leader() != i {
+		if i < 0 {
 			return nil
 		}
 		fired.Store(true)
 		if err := cl.Kill(i); err != nil {
-			t.Errorf("kill leader: %v", err)
+			t.Errorf("kill %s: %v", target, err)
 		}
-		return status.Error(codes.Unavailable, "test: leader killed after apply, answer lost")
+		return status.Error(codes.Unavailable, "test: node killed after apply, answer lost")
 	}
 	c := newClient(t, cl.Addrs(), client.WithTransport(client.TransportStream, 0), client.WithDialOptions(sl.interceptor()))
 	res, err := c.Mark(ctx, "orders", []client.Item{{ID: []byte("order-1")}, {ID: []byte("order-2")}}, time.Hour)
@@ -184,7 +187,7 @@ func TestStreamBrokenAfterApplyRetryReturnsOriginalNew(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !fired.Load() {
-		t.Fatal("the leader was never killed after applying the mark")
+		t.Fatal("no node was killed after answering the mark")
 	}
 	for _, r := range res {
 		if r.Code != client.CodeNew {

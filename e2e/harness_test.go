@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,21 +17,16 @@ import (
 	"github.com/dedupnode/dedupnode/client"
 	"github.com/dedupnode/dedupnode/internal/logtail"
 	"github.com/dedupnode/dedupnode/internal/portlock"
+	"github.com/dedupnode/dedupnode/internal/testbin"
 )
 
-// buildBinary builds cmd/dedupnode into a fresh t.TempDir() and returns its
-// path.
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m)) }
+
+// buildBinary returns cmd/dedupnode built for this package's tests (once
+// for all of them; testbin).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
-	bin := filepath.Join(t.TempDir(), "dedupnode")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/dedupnode")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/dedupnode: %v\n%s", err, out)
-	}
-	return bin
+	return testbin.Build(t, testbin.Module+"/cmd/dedupnode")
 }
 
 // freePorts returns n loopback addresses free now and reserved for the

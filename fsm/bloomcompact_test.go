@@ -23,18 +23,23 @@ func testBloomCompaction(t *testing.T, logIDs int) {
 	// The test drives every compaction itself: the background poller
 	// would otherwise compact the chain whenever a slow (-race, loaded)
 	// run leaves the bucket quiet for 2 s, before the chain is measured.
-	// Windows of 4096 records: its 25 000 IDs in one bucket would make
+	// Windows of 4096 records: its 10 000 IDs in one bucket would make
 	// thousands of the harness's 4-record windows, each a seek for every
-	// lookup that reaches storage.
-	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 1000, LogIDs: logIDs}, BloomCompactInterval: -1, windowShift: 12})
+	// lookup that reaches storage. A first filter of 400 IDs grows the
+	// chain to five filters by 8 000 IDs, as 1 000 would by 20 000, with
+	// fewer lookups (under -race each storage lookup records a stack trace
+	// per sstable it opens, in Pebble's invariant checks); far fewer IDs
+	// would leave the compacted filter, rounded up to whole blocks, above
+	// 10 bits per ID.
+	h := newHarnessConfig(t, Config{Bloom: bloom.Config{ExpectedPerBucket: 400, LogIDs: logIDs}, BloomCompactInterval: -1, windowShift: 12})
 	const ttl = 3_600_000
-	const total = 25_000 // IDs marked in all
+	const total = 10_000 // IDs marked in all
 	// markRange marks id-from..id-to-1 and returns how many did not answer
 	// NEW (it may run on another goroutine: no Fatal).
 	markRange := func(from, to int) (notNew int) {
-		for i := from; i < to; i += 500 {
+		for i := from; i < to; i += 200 {
 			op := Op{Kind: OpMark, DurationMs: ttl}
-			for j := i; j < min(i+500, to); j++ {
+			for j := i; j < min(i+200, to); j++ {
 				op.Items = append(op.Items, Item{ID: fmt.Appendf(nil, "id-%d", j)})
 			}
 			h.index++
@@ -58,7 +63,7 @@ func testBloomCompaction(t *testing.T, logIDs int) {
 		}
 		wantAllSeen(t, what, f, ids)
 	}
-	if n := markRange(0, 20_000); n != 0 {
+	if n := markRange(0, 8_000); n != 0 {
 		t.Fatalf("%d marks did not answer NEW", n)
 	}
 	if st := h.f.Stats().Bloom; st.Filters < 3 || st.BitsPerID <= 10 {
@@ -75,7 +80,7 @@ func testBloomCompaction(t *testing.T, logIDs int) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		notNew = markRange(20_000, 22_000)
+		notNew = markRange(8_000, 8_800)
 	}()
 	if err := h.f.compactFilters(ctx); err != nil {
 		t.Fatal(err)
@@ -88,7 +93,7 @@ func testBloomCompaction(t *testing.T, logIDs int) {
 	// depends on timing, and a bucket is compacted again only once its
 	// count moved 10 % past the compacted one. Grow it past that, so the
 	// next quiet poll compacts it whatever the interleaving was.
-	if n := markRange(22_000, total); n != 0 {
+	if n := markRange(8_800, total); n != 0 {
 		t.Fatalf("%d marks did not answer NEW", n)
 	}
 	for range 2 {

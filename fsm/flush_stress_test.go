@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/dedupnode/dedupnode/bloom"
+	"github.com/dedupnode/dedupnode/internal/longtest"
 )
 
 // TestBackgroundCommitsUnderReadersCompactionsAndRestores: applies with
@@ -24,12 +25,16 @@ import (
 // chains and take digests; snapshots and restores on the apply goroutine. After every
 // batch the FSM answers every Check exactly as a reference replica does
 // (a Bloom false negative, a lost or resurrected record would differ),
-// and at the end both digests agree.
+// and at the end both digests agree. Two seeds (a chain with a hash log,
+// one without) of 600 entries by default; three of 1200 as a long test
+// (longtest): the readers and the compactor spin for as long as the
+// applies take, which on two loaded cores under -race is minutes.
 func TestBackgroundCommitsUnderReadersCompactionsAndRestores(t *testing.T) {
-	for seed := range uint64(3) {
+	seeds, entries := longtest.Pick(uint64(2), uint64(3)), longtest.Pick(600, 1200)
+	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1234))
-			logs := randomLog(300+seed, 1200)
+			logs := randomLog(300+seed, entries)
 			bcfg := Config{Bloom: bloom.Config{ExpectedPerBucket: 4}, BloomCompactInterval: -1}
 			if seed%2 == 1 {
 				// Compactions read storage (and the buffers in flight), as a

@@ -92,6 +92,26 @@ func (h *harness) mark(ts int64, id string, ttl int64) ItemResult {
 	return h.one(ts, Op{Kind: OpMark, DurationMs: ttl, Items: []Item{{ID: []byte(id)}}})
 }
 
+// markMany marks ids in one entry (one Apply, not one per ID: the tests
+// that only need a large state build it at a fraction of the cost under
+// -race) and fails the test unless every one answers NEW.
+func (h *harness) markMany(ts int64, ttl int64, ids []string) {
+	h.t.Helper()
+	op := Op{Kind: OpMark, DurationMs: ttl}
+	for _, id := range ids {
+		op.Items = append(op.Items, Item{ID: []byte(id)})
+	}
+	res := h.apply(ts, op)
+	if err := res.Ops[0].Err; err != nil {
+		h.t.Fatalf("mark %d IDs: %v", len(ids), err)
+	}
+	for i, it := range res.Ops[0].Items {
+		if it.Code != CodeNew {
+			h.t.Fatalf("mark %s: %v, want new", ids[i], it.Code)
+		}
+	}
+}
+
 func (h *harness) check(ts int64, id string) ItemResult {
 	h.t.Helper()
 	r, err := h.f.Check("", [][]byte{[]byte(id)}, ts)
@@ -633,7 +653,7 @@ func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
 	h.apply(t0, Op{Kind: OpCreateNamespace, Config: cfg})
 	for batch := range 20 {
 		op := Op{Kind: OpMark, Namespace: "window"}
-		for i := range 5000 {
+		for i := range 1000 {
 			op.Items = append(op.Items, Item{ID: fmt.Appendf(nil, "id-%02d-%05d-padding-to-64-bytes-of-message-id-xxxxxxxxxxxxxxxx", batch, i)})
 		}
 		h.one(t0, op)
@@ -654,11 +674,11 @@ func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
 		return n
 	}
 	full := tables()
-	if got := h.f.Stats().IDsStored; got != 100_000 {
-		t.Fatalf("stored %d, want 100000", got)
+	if got := h.f.Stats().IDsStored; got != 20_000 {
+		t.Fatalf("stored %d, want 20000", got)
 	}
 	// One tick past the window drops every bucket: a handful of range
-	// deletions, not 100 000 deletes.
+	// deletions, not 20 000 deletes.
 	h.apply(t0+2*cfg.MaxTTLMs, Op{Kind: OpTick})
 	if s := h.f.Stats(); s.IDsStored != 0 || s.Buckets != 0 {
 		t.Fatalf("after expiry: %+v", s)
@@ -666,8 +686,9 @@ func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
 	res, _ := h.f.Check("window", [][]byte{[]byte("id-00-00000-padding-to-64-bytes-of-message-id-xxxxxxxxxxxxxxxx")}, t0+2*cfg.MaxTTLMs)
 	wantCode(t, "expired id", res[0], CodeNotSeen)
 	// The compactor turns the range deletions into free space: the
-	// sstables holding the expired records go away.
-	deadline := time.Now().Add(60 * time.Second)
+	// sstables holding the expired records go away. (It has seconds of
+	// work; the deadline is for two loaded cores under -race.)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		if err := h.f.db.Flush(); err != nil {
 			t.Fatal(err)
@@ -678,7 +699,7 @@ func TestInvariant6_BoundedGrowth_ExpiredBucketsFreeTheirSpace(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sstables still hold %d bytes (was %d) a minute after the buckets expired", now, full)
+			t.Fatalf("sstables still hold %d bytes (was %d) five minutes after the buckets expired", now, full)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

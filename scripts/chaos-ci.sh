@@ -17,7 +17,10 @@ out="${CHAOS_OUT:-.chaos}"
 mkdir -p "$out"
 rm -f "$out/violation.json" "$out/history.json"
 
-CGO_ENABLED=0 go build -o "$out/dedupnode" ./cmd/dedupnode
+# Built as the tests build it (internal/testbin; .ci/run sets
+# GOFLAGS=-pgo=off), so after the test run it is a link, not a compile of
+# every dependency in a mode of its own.
+go build -o "$out/dedupnode" ./cmd/dedupnode
 
 args=(chaos --mode process --duration "$duration" --nodes "${CHAOS_NODES:-3}" --clients "${CHAOS_CLIENTS:-8}"
   --violation-file "$out/violation.json" --log-level warn)
