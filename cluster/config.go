@@ -119,12 +119,15 @@ type Config struct {
 	// in entries: one entry holds from one ID to MaxGroupItems, so a
 	// count alone keeps any amount of log. Every TickInterval the node
 	// lowers raft's TrailingLogs to the newest entries that fit in
-	// MaxLogBytes less a snapshot step, and takes a snapshot once that
-	// would let raft truncate a step of log: the latest snapshot's size,
-	// from MaxLogBytes/16 to MaxLogBytes/2 (a snapshot writes the whole
-	// store). The log then stays within about MaxLogBytes, plus what is
-	// appended while a snapshot is taken and, with wal, up to two
-	// segments (WALSegmentBytes). At least twice MaxEntryBytes.
+	// MaxLogBytes less a step (at least half of it), and takes a snapshot
+	// once that lets raft truncate a step of log. A step is
+	// MaxLogBytes/16, or a quarter of the latest snapshot when larger: a
+	// snapshot writes the whole store, so snapshots write at most about
+	// four bytes per byte of log truncated. The log then stays within
+	// MaxLogBytes (or half of it and a quarter of a snapshot, for a store
+	// over twice the bound), plus what is appended while a snapshot is
+	// taken and, with wal, up to two segments (WALSegmentBytes). At least
+	// twice MaxEntryBytes.
 	MaxLogBytes uint64
 	// SnapshotRetain is how many snapshots are kept on disk (default 2).
 	SnapshotRetain int

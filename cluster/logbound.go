@@ -201,13 +201,16 @@ func (s *logSizes) newestWithin(budget uint64) uint64 {
 // entries raft keeps behind a snapshot, and whether to take one now.
 type logPlan struct {
 	// Step is how much log a snapshot must let raft drop before one is
-	// taken: the latest snapshot's size (a snapshot writes the whole
-	// store, so it then costs at most a byte written per byte of log),
-	// from MaxLogBytes/16 (a small store does not snapshot for every
-	// few entries) to MaxLogBytes/2.
+	// taken: MaxLogBytes/16, or a quarter of the latest snapshot's size
+	// when larger. A snapshot writes the whole store, so snapshots write
+	// at most about four bytes per byte of log they truncate, and a small
+	// store does not snapshot for every few entries.
 	Step uint64
+	// Keep is what raft may keep behind a snapshot: MaxLogBytes less a
+	// step, at least MaxLogBytes/2.
+	Keep uint64
 	// Trailing is raft's TrailingLogs: Config.TrailingLogs, or fewer when
-	// that many of the newest entries exceed MaxLogBytes-Step bytes.
+	// that many of the newest entries exceed Keep.
 	Trailing uint64
 	// Snapshot: a snapshot at the applied index would let raft drop at
 	// least Step bytes.
@@ -218,13 +221,15 @@ type logPlan struct {
 // configured trailing entries, the latest snapshot (index and size, 0 when
 // none) and the FSM's applied index. Raft's compaction after a snapshot
 // at index S keeps the entries after min(S, last-TrailingLogs); the log
-// thus holds at most about MaxLogBytes-Step bytes behind the last
-// snapshot and Step more before the next, plus what is appended while a
-// snapshot is taken.
+// thus holds at most Keep bytes behind the last snapshot and Step more
+// before the next, plus what is appended while a snapshot is taken: at
+// most maxBytes, or maxBytes/2 and a quarter of a snapshot when that is
+// more (a store over twice the bound).
 func planLog(s *logSizes, maxBytes, trailing, snapIndex, snapSize, applied uint64) logPlan {
-	p := logPlan{Step: min(max(snapSize, maxBytes/16), maxBytes/2), Trailing: trailing}
+	p := logPlan{Step: max(maxBytes/16, snapSize/4), Trailing: trailing}
+	p.Keep = maxBytes - min(p.Step, maxBytes/2)
 	ext := s.extent()
-	if fit := s.newestWithin(maxBytes - p.Step); ext.Last != 0 && fit < ext.Last-ext.First+1 {
+	if fit := s.newestWithin(p.Keep); ext.Last != 0 && fit < ext.Last-ext.First+1 {
 		// Only a log that does not fit is held to what fits: raft
 		// counts TrailingLogs back from the last entry it holds when it
 		// truncates, later than now.
@@ -244,8 +249,8 @@ func planLog(s *logSizes, maxBytes, trailing, snapIndex, snapSize, applied uint6
 
 // runLogBound keeps the Raft log within Config.MaxLogBytes: every
 // TickInterval it lowers raft's TrailingLogs to the newest entries that
-// fit, and takes a snapshot once one would let raft drop Step bytes of
-// log (logPlan). Raft's own snapshots (SnapshotThreshold entries, checked
+// fit in Keep, and takes a snapshot once one would let raft drop Step
+// bytes of log (logPlan). Raft's own snapshots (SnapshotThreshold entries, checked
 // every SnapshotInterval) still happen; both truncate the log behind them.
 func (n *Node) runLogBound() {
 	defer n.wg.Done()

@@ -156,8 +156,9 @@ func TestLogSizes_TruncationFreesMemory(t *testing.T) {
 
 // planLog: a log within the bound keeps raft's trailing entries; one
 // beyond it keeps only the newest entries that fit; a snapshot is taken
-// when one would let raft drop a step of log, and never when the FSM
-// applied nothing since the latest snapshot.
+// when one would let raft drop a step of log (never less than a quarter
+// of a snapshot), and never when the FSM applied nothing since the latest
+// snapshot.
 func TestPlanLog(t *testing.T) {
 	store, err := openWALStore(t.TempDir(), 1<<20, hclog.NewNullLogger(), fs.New())
 	if err != nil {
@@ -178,29 +179,33 @@ func TestPlanLog(t *testing.T) {
 	}
 	// 100,000 bytes of log.
 	for _, tc := range []struct {
-		name                          string
-		maxBytes, snapIndex, snapSize uint64
-		applied                       uint64
-		wantStep, wantTrailing        uint64
-		wantSnapshot                  bool
+		name                             string
+		maxBytes, snapIndex, snapSize    uint64
+		applied                          uint64
+		wantStep, wantKeep, wantTrailing uint64
+		wantSnapshot                     bool
 	}{
-		{"fits", 1 << 20, 0, 0, 100, 1 << 16, 10240, false},
-		// Step: from max/16 (16,000) up to the snapshot's size, at most
-		// max/2; trailing: the newest entries within max-step.
-		{"fits, step of max/16", 128_000, 0, 1, 100, 8_000, 10240, false},
-		{"over", 64_000, 50, 1, 100, 4_000, 60, true},
-		{"over, large snapshot", 64_000, 50, 20_000, 100, 20_000, 44, true},
-		{"over, snapshot larger than half", 64_000, 50, 1 << 20, 100, 32_000, 32, true},
-		{"over, nothing applied since the snapshot", 64_000, 50, 1, 50, 4_000, 60, false},
+		{"fits", 1 << 20, 0, 0, 100, 1 << 16, 1<<20 - 1<<16, 10240, false},
+		// Step: max/16, or a quarter of the snapshot when larger; keep:
+		// max less a step, at least max/2; trailing: the newest entries
+		// within keep.
+		{"fits, step of max/16", 128_000, 0, 1, 100, 8_000, 120_000, 10240, false},
+		{"over", 64_000, 50, 1, 100, 4_000, 60_000, 60, true},
+		{"over, large snapshot", 64_000, 50, 80_000, 100, 20_000, 44_000, 44, true},
+		// A store over twice the bound: the step is still a quarter of a
+		// snapshot, and the log may grow to max/2 and a step.
+		{"over, store over twice the bound", 64_000, 50, 200_000, 100, 50_000, 32_000, 32, true},
+		{"over, a quarter of the store not yet reached", 64_000, 50, 400_000, 100, 100_000, 32_000, 32, false},
+		{"over, nothing applied since the snapshot", 64_000, 50, 1, 50, 4_000, 60_000, 60, false},
 		// Raft drops through min(applied, last-trailing): applied 3
 		// frees 3,000 bytes, below the step.
-		{"over, applied too little", 64_000, 2, 1, 3, 4_000, 60, false},
-		{"over, applied enough", 64_000, 2, 1, 4, 4_000, 60, true},
+		{"over, applied too little", 64_000, 2, 1, 3, 4_000, 60_000, 60, false},
+		{"over, applied enough", 64_000, 2, 1, 4, 4_000, 60_000, 60, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := planLog(s, tc.maxBytes, 10240, tc.snapIndex, tc.snapSize, tc.applied)
-			if p.Step != tc.wantStep || p.Trailing != tc.wantTrailing || p.Snapshot != tc.wantSnapshot {
-				t.Fatalf("plan %+v, want step %d, trailing %d, snapshot %v", p, tc.wantStep, tc.wantTrailing, tc.wantSnapshot)
+			if p.Step != tc.wantStep || p.Keep != tc.wantKeep || p.Trailing != tc.wantTrailing || p.Snapshot != tc.wantSnapshot {
+				t.Fatalf("plan %+v, want step %d, keep %d, trailing %d, snapshot %v", p, tc.wantStep, tc.wantKeep, tc.wantTrailing, tc.wantSnapshot)
 			}
 		})
 	}
@@ -224,11 +229,13 @@ func logBoundConfig(dir, id string, bootstrap bool, maxLog uint64) Config {
 }
 
 // bigMark is one entry of about 30 KiB: 250 IDs of 56 bytes, each with
-// a token of 60.
-func bigMark(i int) fsm.Op {
+// a token of 60. Every call marks the same IDs, so the log grows by an
+// entry each time while the store (and so a snapshot, and the step of
+// log a snapshot must truncate) stays small.
+func bigMark() fsm.Op {
 	ids := make([]string, 250)
 	for j := range ids {
-		ids[j] = fmt.Sprintf("%-56s", fmt.Sprintf("%d-%d", i, j))
+		ids[j] = fmt.Sprintf("%-56d", j)
 	}
 	return markOp(ids...)
 }
@@ -309,7 +316,7 @@ func TestLogBound_KeepsTheLogWithinMaxLogBytes(t *testing.T) {
 			for _, id := range ids {
 				waitFor(t, 60*time.Second, fmt.Sprintf("%s's log within %d bytes before entry %d", id, maxLog, i), bounded(id))
 			}
-			propose(t, ctx, up(), bigMark(i))
+			propose(t, ctx, up(), bigMark())
 		}
 	}
 	load(0, 40, "n1", "n2", "n3")
