@@ -114,6 +114,21 @@ type Config struct {
 	SnapshotInterval   time.Duration
 	SnapshotThreshold  uint64
 	TrailingLogs       uint64
+	// MaxLogBytes bounds the Raft log in bytes of entries (default
+	// DefaultMaxLogBytes), as TrailingLogs and SnapshotThreshold bound it
+	// in entries: one entry holds from one ID to MaxGroupItems, so a
+	// count alone keeps any amount of log. Every TickInterval the node
+	// lowers raft's TrailingLogs to the newest entries that fit in
+	// MaxLogBytes less a step (at least half of it), and takes a snapshot
+	// once that lets raft truncate a step of log. A step is
+	// MaxLogBytes/16, or a quarter of the latest snapshot when larger: a
+	// snapshot writes the whole store, so snapshots write at most about
+	// four bytes per byte of log truncated. The log then stays within
+	// MaxLogBytes (or half of it and a quarter of a snapshot, for a store
+	// over twice the bound), plus what is appended while a snapshot is
+	// taken and, with wal, up to two segments (WALSegmentBytes). At least
+	// twice MaxEntryBytes.
+	MaxLogBytes uint64
 	// SnapshotRetain is how many snapshots are kept on disk (default 2).
 	SnapshotRetain int
 	// LogCacheEntries and LogCacheBytes bound the in-memory cache of the
@@ -168,7 +183,8 @@ type Config struct {
 	LogStallTimeout time.Duration
 
 	// TickInterval is how often the leader looks for expired buckets and
-	// non-voters to promote (default 1 s).
+	// non-voters to promote, and every node measures its Raft log against
+	// MaxLogBytes (default 1 s).
 	TickInterval time.Duration
 	// StampInterval is how often a leader with read replicas in its node
 	// table proposes an OpTick when no other entry carried its clock for
@@ -217,6 +233,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.WALSegmentBytes <= 0 {
 		d.WALSegmentBytes = defaultWALSegmentBytes
+	}
+	if d.MaxLogBytes == 0 {
+		d.MaxLogBytes = DefaultMaxLogBytes
 	}
 	if d.SnapshotRetain <= 0 {
 		d.SnapshotRetain = 2
@@ -291,6 +310,13 @@ func (c *Config) validate() error {
 	}
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("GRPCAddr is required"))
+	}
+	entry := uint64(DefaultMaxEntryBytes)
+	if c.MaxEntryBytes > 0 {
+		entry = uint64(c.MaxEntryBytes)
+	}
+	if c.MaxLogBytes != 0 && c.MaxLogBytes < 2*entry {
+		errs = append(errs, fmt.Errorf("MaxLogBytes %d: want 0 (default) or at least %d, twice MaxEntryBytes: a smaller bound would take a snapshot for nearly every entry", c.MaxLogBytes, 2*entry))
 	}
 	if err := CheckRegion(c.Region); err != nil {
 		errs = append(errs, fmt.Errorf("Region: %w", err))

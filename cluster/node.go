@@ -35,7 +35,8 @@ type Node struct {
 	trans  *raft.NetworkTransport
 	stream *streamLayer
 	store  raftStore      // log and stable store (logstore.go)
-	logs   *logCache      // in front of guard (logcache.go)
+	logs   *logCache      // in front of sizes (logcache.go)
+	sizes  *logSizes      // in front of guard: sizes of the log's entries (logbound.go)
 	guard  *stallGuard    // times log store writes (guard.go)
 	snaps  *snapshotStore // raft's file store without its leaked .tmp dirs (snapstore.go)
 	disk   *diskspace.Monitor
@@ -44,7 +45,13 @@ type Node struct {
 	stalled atomic.Bool
 	// removed is set once this node knows it was removed from the cluster
 	// (runRetiredCheck); it never clears.
-	removed      atomic.Pointer[RemovedError]
+	removed atomic.Pointer[RemovedError]
+	// reloadMu serializes changes to raft's reloadable configuration:
+	// each reads it, changes some fields and writes it back.
+	reloadMu sync.Mutex
+	// trailingLogs is raft's TrailingLogs as configured; runLogBound
+	// lowers raft's own to bound the log in bytes.
+	trailingLogs uint64
 	largestEntry entrySizeMax
 	stopCtx      context.Context // cancelled when Shutdown starts
 	stopCancel   context.CancelFunc
@@ -212,8 +219,16 @@ func New(cfg Config) (_ *Node, err error) {
 	closers = append(closers, n.trans.Close)
 
 	n.guard = newStallGuard(n.store)
-	n.logs = newLogCache(n.guard, cfg.LogCacheEntries, cfg.LogCacheBytes)
+	if n.sizes, err = newLogSizes(n.guard); err != nil {
+		return nil, err
+	}
+	if e := n.sizes.extent(); e.Bytes > cfg.MaxLogBytes {
+		n.log.Warn("raft log holds more than MaxLogBytes; the next snapshot truncates it", "log_bytes", e.Bytes,
+			"max_log_bytes", cfg.MaxLogBytes, "entries", e.Last-e.First+1)
+	}
+	n.logs = newLogCache(n.sizes, cfg.LogCacheEntries, cfg.LogCacheBytes)
 	rc := n.raftConfig(hcl, skipRestore)
+	n.trailingLogs = rc.TrailingLogs
 	trans := &guardedTransport{
 		NetworkTransport: n.trans,
 		stalled:          n.withholdReplication,
@@ -251,7 +266,8 @@ func New(cfg Config) (_ *Node, err error) {
 
 	n.prop = newProposer(n)
 	n.reads = &readIndexer{n: n}
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go n.runLogBound()
 	go n.runRetiredCheck()
 	go n.runWatchdog()
 	go n.runObserver()
@@ -578,8 +594,11 @@ type Status struct {
 	FirstLogIndex     uint64
 	LastLogIndex      uint64
 	LastSnapshotIndex uint64
-	Members           []Member
-	FSM               fsm.Stats
+	// LogEntries and LogBytes are what the Raft log holds (MaxLogBytes
+	// bounds the bytes).
+	LogEntries, LogBytes uint64
+	Members              []Member
+	FSM                  fsm.Stats
 	// ClusterID is the cluster's ID as this node applied it ("" until
 	// then).
 	ClusterID string
@@ -604,6 +623,9 @@ func (n *Node) Status() (Status, error) {
 	s.AppliedIndex = s.FSM.AppliedIndex
 	if fi, err := n.store.FirstIndex(); err == nil {
 		s.FirstLogIndex = fi
+	}
+	if e := n.sizes.extent(); e.Last != 0 {
+		s.LogEntries, s.LogBytes = e.Last-e.First+1, e.Bytes
 	}
 	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
 		s.LastSnapshotIndex = metas[0].Index
@@ -744,6 +766,8 @@ func (n *Node) hurryLoneElection(rc *raft.Config) {
 			self = self || s.ID == rc.LocalID
 		}
 	}
+	n.reloadMu.Lock()
+	defer n.reloadMu.Unlock()
 	normal := n.raft.ReloadableConfig()
 	short := rc.LeaderLeaseTimeout
 	if voters != 1 || !self || short >= normal.HeartbeatTimeout {
@@ -758,14 +782,24 @@ func (n *Node) hurryLoneElection(rc *raft.Config) {
 		return
 	}
 	if n.raft.State() == raft.Leader { // elected before the change: undo it
-		n.restoreTimeouts()
+		n.restoreTimeoutsLocked()
 	}
 }
 
 // restoreTimeouts undoes hurryLoneElection once this node leads.
 func (n *Node) restoreTimeouts() {
+	n.reloadMu.Lock()
+	defer n.reloadMu.Unlock()
+	n.restoreTimeoutsLocked()
+}
+
+// restoreTimeoutsLocked puts back the timeouts only: runLogBound may have
+// changed TrailingLogs meanwhile.
+func (n *Node) restoreTimeoutsLocked() {
 	if normal := n.loneTimeouts.Swap(nil); normal != nil {
-		if err := n.raft.ReloadConfig(*normal); err != nil {
+		rc := n.raft.ReloadableConfig()
+		rc.HeartbeatTimeout, rc.ElectionTimeout = normal.HeartbeatTimeout, normal.ElectionTimeout
+		if err := n.raft.ReloadConfig(rc); err != nil {
 			n.log.Warn("could not restore raft's timeouts", "err", err)
 		}
 	}

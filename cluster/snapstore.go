@@ -41,8 +41,9 @@ import (
 // once raft drops the sink: its space comes back then.
 type snapshotStore struct {
 	*raft.FileSnapshotStore
-	dir string // the snapshots directory (raft's base/snapshots)
-	log *slog.Logger
+	dir    string // the snapshots directory (raft's base/snapshots)
+	retain int
+	log    *slog.Logger
 
 	mu   sync.Mutex
 	live map[string]bool // .tmp directories of sinks not yet closed or cancelled
@@ -61,7 +62,7 @@ const tmpSnapshotSuffix = ".tmp"
 // raftDir/snapshots, logging each with its size, then opens raft's file
 // snapshot store there keeping retain snapshots.
 func openSnapshotStore(raftDir string, retain int, hcl hclog.Logger, log *slog.Logger) (*snapshotStore, error) {
-	s := &snapshotStore{dir: filepath.Join(raftDir, snapshotsDir), log: log, live: map[string]bool{}}
+	s := &snapshotStore{dir: filepath.Join(raftDir, snapshotsDir), retain: retain, log: log, live: map[string]bool{}}
 	if err := s.removeUnfinished(""); err != nil {
 		return nil, err
 	}
@@ -112,11 +113,15 @@ func (s *snapshotStore) remove(path, why string) error {
 	return nil
 }
 
-// Create is raft's Create; when it fails, the directory it may have made
-// is removed. Its sink removes its directory when it is cancelled or its
-// Close fails.
+// Create is raft's Create, after the oldest snapshots are removed down to
+// retain-1 (never the latest): raft's store removes them only once the new
+// one is complete, so while one was written the directory held a copy of
+// the whole store more than retain. When Create fails, the directory it
+// may have made is removed. Its sink removes its directory when it is
+// cancelled or its Close fails.
 func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	s.reapForNew()
 	sink, err := s.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
 	if err != nil {
 		// raft names the directory TERM-INDEX-MSEC.tmp and returns no sink
@@ -132,6 +137,23 @@ func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64,
 	s.live[path] = true
 	s.mu.Unlock()
 	return &cleanSink{SnapshotSink: sink, store: s, path: path}, nil
+}
+
+// reapForNew removes the complete snapshots beyond the newest retain-1
+// (at least the newest one stays). raft opens only the newest to send or
+// restore, so no reader loses its snapshot; raft reaps the same ones after
+// the new snapshot is complete anyway. A failure is logged and the
+// snapshot goes ahead: raft's reap tries again after it.
+func (s *snapshotStore) reapForNew() {
+	metas, err := s.FileSnapshotStore.List() // newest first
+	if err != nil {
+		return
+	}
+	for _, m := range metas[min(max(s.retain-1, 1), len(metas)):] {
+		if err := os.RemoveAll(filepath.Join(s.dir, m.ID)); err != nil {
+			s.log.Warn("could not remove an old raft snapshot before taking a new one", "id", m.ID, "err", err)
+		}
+	}
 }
 
 // end forgets a sink and, unless it became a snapshot, removes its

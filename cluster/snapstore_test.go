@@ -3,10 +3,12 @@ package cluster
 import (
 	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -202,5 +204,73 @@ func TestNew_RemovesUnfinishedSnapshots(t *testing.T) {
 	startNode(t, testConfig(dir, true))
 	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
 		t.Fatalf("unfinished snapshot after start: %v, want it removed", err)
+	}
+}
+
+// completeSnapshots lists the indexes of the complete snapshots under
+// raftDir, newest first.
+func completeSnapshots(t *testing.T, store raft.SnapshotStore) []uint64 {
+	t.Helper()
+	metas, err := store.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx []uint64
+	for _, m := range metas {
+		idx = append(idx, m.Index)
+	}
+	return idx
+}
+
+// While a snapshot is written the directory holds at most retain
+// snapshots, the one being written included (raft's store alone holds
+// retain complete ones beside it, one copy of the store more), and never
+// fewer than one complete snapshot.
+func TestSnapshotStore_HoldsRetainSnapshotsWhileWriting(t *testing.T) {
+	for _, tc := range []struct {
+		retain             int
+		whileWriting, then []uint64
+	}{
+		{retain: 2, whileWriting: []uint64{2}, then: []uint64{3, 2}},
+		{retain: 3, whileWriting: []uint64{2, 1}, then: []uint64{3, 2, 1}},
+		{retain: 1, whileWriting: []uint64{2}, then: []uint64{3}},
+	} {
+		t.Run("retain "+strconv.Itoa(tc.retain), func(t *testing.T) {
+			raftDir := t.TempDir()
+			store, err := openSnapshotStore(raftDir, tc.retain, hclog.NewNullLogger(), slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			write := func(idx uint64) raft.SnapshotSink {
+				sink := createSnapshot(t, store, idx)
+				if _, err := sink.Write(bytes.Repeat([]byte{byte(idx)}, 4096)); err != nil {
+					t.Fatal(err)
+				}
+				return sink
+			}
+			for _, idx := range []uint64{1, 2} {
+				if err := write(idx).Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sink := write(3)
+			if got := completeSnapshots(t, store); !slices.Equal(got, tc.whileWriting) {
+				t.Fatalf("complete snapshots while the one at 3 is written: %v, want %v", got, tc.whileWriting)
+			}
+			if err := sink.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := completeSnapshots(t, store); !slices.Equal(got, tc.then) {
+				t.Fatalf("complete snapshots after: %v, want %v", got, tc.then)
+			}
+			meta, rc, err := store.Open(sink.ID())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rc.Close()
+			if b, err := io.ReadAll(rc); err != nil || meta.Index != 3 || !bytes.Equal(b, bytes.Repeat([]byte{3}, 4096)) {
+				t.Fatalf("snapshot 3 reads %d bytes, index %d, err %v", len(b), meta.Index, err)
+			}
+		})
 	}
 }

@@ -75,6 +75,8 @@ type RaftStats struct {
 	CommitIndex, AppliedIndex uint64
 	LastLogIndex              uint64
 	LastSnapshotIndex         uint64
+	// LogEntries and LogBytes are what the Raft log holds.
+	LogEntries, LogBytes uint64
 	// LastContact is the time since the leader was last heard from (0 on
 	// the leader); negative when never.
 	LastContact time.Duration
@@ -153,6 +155,8 @@ var nodeDescs = []desc{
 	gauge("dedup_raft_applied_index", "Highest Raft log index whose effects the state machine has stored.", func(s *Snapshot) float64 { return float64(s.Raft.AppliedIndex) }),
 	gauge("dedup_raft_last_log_index", "Last index in this node's Raft log.", func(s *Snapshot) float64 { return float64(s.Raft.LastLogIndex) }),
 	gauge("dedup_raft_last_snapshot_index", "Raft index of the latest snapshot.", func(s *Snapshot) float64 { return float64(s.Raft.LastSnapshotIndex) }),
+	gauge("dedup_raft_log_entries", "Entries in this node's Raft log.", func(s *Snapshot) float64 { return float64(s.Raft.LogEntries) }),
+	gauge("dedup_raft_log_bytes", "Bytes of the entries in this node's Raft log (serve --raft-log-max-bytes bounds it).", func(s *Snapshot) float64 { return float64(s.Raft.LogBytes) }),
 	{prometheus.NewDesc("dedup_raft_last_contact_seconds", "Seconds since this node last heard from the leader (0 on the leader); absent if never.", nil, nil), prometheus.GaugeValue,
 		func(s *Snapshot) (float64, bool) { return s.Raft.LastContact.Seconds(), s.Raft.LastContact >= 0 }},
 	gauge("dedup_raft_voters", "Voters in the current Raft configuration.", func(s *Snapshot) float64 { return float64(s.Raft.Voters) }),

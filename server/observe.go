@@ -47,6 +47,8 @@ func (s *Server) metricsSnapshot() metrics.Snapshot {
 			AppliedIndex:      st.AppliedIndex,
 			LastLogIndex:      st.LastLogIndex,
 			LastSnapshotIndex: st.LastSnapshotIndex,
+			LogEntries:        st.LogEntries,
+			LogBytes:          st.LogBytes,
 			LastContact:       s.lastContact(),
 		},
 		Bloom: metrics.BloomStats{

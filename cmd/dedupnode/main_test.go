@@ -107,6 +107,8 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		{"serve zero snapshot threshold", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-threshold", "0"}, "--raft-snapshot-threshold 0"},
 		{"serve zero trailing logs", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-trailing-logs", "0"}, "--raft-trailing-logs 0"},
 		{"serve tiny snapshot interval", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-snapshot-interval", "10ms"}, "--raft-snapshot-interval 10ms"},
+		{"serve log bound below two entries", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--max-entry-bytes", "8MiB", "--raft-log-max-bytes", "10MiB"}, `--raft-log-max-bytes "10MiB": want a size of at least twice --max-entry-bytes (16.0 MiB)`},
+		{"serve log bound not a size", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-log-max-bytes", "lots"}, `--raft-log-max-bytes "lots"`},
 		{"serve bad log store", []string{"serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-log-store", "rocks"}, `--raft-log-store "rocks"`},
 		{"serve other store's data dir", []string{"serve", "--node-id", "n1", "--data-dir", walDir, "--raft-log-store", "boltdb"}, "configured with --raft-log-store boltdb: start it with --raft-log-store wal"},
 		{"dev bad log store", []string{"dev", "--raft-log-store", "bolt"}, "--raft-log-store"},
@@ -202,6 +204,7 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	t.Setenv("DEDUPNODE_MAX_BATCH", "77")
 	t.Setenv("DEDUPNODE_GRPC_ADDR", "127.0.0.1:9999")
 	t.Setenv("DEDUPNODE_RAFT_TRAILING_LOGS", "512")
+	t.Setenv("DEDUPNODE_RAFT_LOG_MAX_BYTES", "64MiB")
 	t.Setenv("DEDUPNODE_RAFT_LOG_STORE", "boltdb")
 	e := &env{ctx: context.Background(), stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
 	cmd := newServeCmd(e)
@@ -226,6 +229,7 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	f.snapThreshold, _ = fs.GetUint64("raft-snapshot-threshold")
 	f.snapInterval, _ = fs.GetDuration("raft-snapshot-interval")
 	f.trailingLogs, _ = fs.GetUint64("raft-trailing-logs")
+	f.maxLogBytes, _ = fs.GetString("raft-log-max-bytes")
 	f.raftLogStore, _ = fs.GetString("raft-log-store")
 	f.maxClockOff, _ = fs.GetDuration("max-clock-offset")
 	cfg, _, err := f.config(io.Discard)
@@ -238,8 +242,8 @@ func TestServeFlagsFromEnvironmentFlagsWin(t *testing.T) {
 	if cfg.Cluster.NodeID != "from-env" || cfg.MaxBatch != 77 || len(cfg.Cluster.Peers) != 2 {
 		t.Fatalf("env not applied: %+v", cfg)
 	}
-	if cfg.Cluster.TrailingLogs != 512 || cfg.Cluster.SnapshotThreshold != 8192 || cfg.Cluster.SnapshotInterval != 2*time.Minute {
-		t.Fatalf("raft log retention: trailing %d, threshold %d, interval %v", cfg.Cluster.TrailingLogs, cfg.Cluster.SnapshotThreshold, cfg.Cluster.SnapshotInterval)
+	if cfg.Cluster.TrailingLogs != 512 || cfg.Cluster.SnapshotThreshold != 8192 || cfg.Cluster.SnapshotInterval != 2*time.Minute || cfg.Cluster.MaxLogBytes != 64<<20 {
+		t.Fatalf("raft log retention: trailing %d, threshold %d, interval %v, max bytes %d", cfg.Cluster.TrailingLogs, cfg.Cluster.SnapshotThreshold, cfg.Cluster.SnapshotInterval, cfg.Cluster.MaxLogBytes)
 	}
 	if cfg.ListenAddr != "127.0.0.1:7070" {
 		t.Fatalf("--grpc-addr on the command line must beat DEDUPNODE_GRPC_ADDR, got %s", cfg.ListenAddr)

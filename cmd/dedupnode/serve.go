@@ -57,6 +57,7 @@ type serveFlags struct {
 	snapThreshold uint64
 	snapInterval  time.Duration
 	trailingLogs  uint64
+	maxLogBytes   string
 	raftLogStore  string
 	logLevel      string
 	logFormat     string
@@ -87,7 +88,7 @@ type serveFlags struct {
 var serveFlagNames = []string{
 	"node-id", "data-dir", "raft-addr", "grpc-addr", "grpc-advertise", "bootstrap", "peers", "join",
 	"auto-create-namespaces", "max-batch", "bloom-expected-per-bucket", "bloom-fp-rate",
-	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs",
+	"raft-snapshot-threshold", "raft-snapshot-interval", "raft-trailing-logs", "raft-log-max-bytes",
 	"raft-log-store", "log-level", "log-format",
 	"tls-cert", "tls-key", "tls-ca", "tls-client-ca", "auth-file", "admin-addr",
 	"memory-limit", "min-free-disk", "fsm-memtable-size", "max-entry-bytes", "raft-log-stall-timeout",
@@ -197,6 +198,7 @@ func newServeCmd(e *env) *cobra.Command {
 	fs.Uint64Var(&f.snapThreshold, "raft-snapshot-threshold", 8192, "take a Raft snapshot once `N` log entries follow the last one (checked every --raft-snapshot-interval)")
 	fs.DurationVar(&f.snapInterval, "raft-snapshot-interval", 2*time.Minute, "how often (`DUR`, randomised up to 2x) to check --raft-snapshot-threshold")
 	fs.Uint64Var(&f.trailingLogs, "raft-trailing-logs", 10240, "Raft log entries (`N`) kept behind a snapshot, so a follower that fell behind by fewer catches up from the log, not a whole snapshot; one entry holds up to thousands of IDs under load, so lower it to bound the log's disk use")
+	fs.StringVar(&f.maxLogBytes, "raft-log-max-bytes", "256MiB", "bound the Raft log at `SIZE` of entries, beside --raft-trailing-logs and --raft-snapshot-threshold in entries: a node keeps behind a snapshot only the newest entries that fit in SIZE less a step, and takes a snapshot once that truncates a step of log (SIZE/16, or a quarter of the latest snapshot when larger: a store over twice SIZE may keep SIZE/2 and a quarter of a snapshot); at least twice --max-entry-bytes (docs/OPERATIONS.md, Raft log retention)")
 	fs.StringVar(&f.raftLogStore, "raft-log-store", "", "Raft log and stable store: `STORE` wal (segment files, one fsync per append, disk returned after a snapshot) or boltdb (raft-boltdb); a data dir keeps the store it was created with (docs/OPERATIONS.md to move a node) (default: the store the data dir holds, wal for a new one)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT` on stderr: text or json")
@@ -472,6 +474,13 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	if err != nil || maxEntry < 64<<10 || maxEntry > 1<<30 {
 		return cfg, nil, usagef("--max-entry-bytes %q: want a size from 64KiB to 1GiB, e.g. 16MiB", f.maxEntryBytes)
 	}
+	maxLog := int64(cluster.DefaultMaxLogBytes)
+	if f.maxLogBytes != "" {
+		maxLog, err = parseByteSize(f.maxLogBytes)
+	}
+	if err != nil || maxLog < 2*maxEntry {
+		return cfg, nil, usagef("--raft-log-max-bytes %q: want a size of at least twice --max-entry-bytes (%s), e.g. 256MiB", f.maxLogBytes, humanBytes(uint64(2*maxEntry)))
+	}
 	if f.logStall != 0 && f.logStall < 100*time.Millisecond {
 		return cfg, nil, usagef("--raft-log-stall-timeout %v: want at least 100ms, e.g. 3s", f.logStall)
 	}
@@ -539,6 +548,7 @@ func (f *serveFlags) config(logOut io.Writer) (server.Config, *slog.Logger, erro
 	}
 	cfg.Cluster.FSM.Storage.BackgroundNice = f.backgroundNice
 	cfg.Cluster.MaxEntryBytes = int(maxEntry)
+	cfg.Cluster.MaxLogBytes = uint64(maxLog)
 	cfg.Cluster.LogStallTimeout = f.logStall
 	cfg.AdminAddr = f.adminAddr
 	cfg.Version = versionString()
