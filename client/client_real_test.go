@@ -115,6 +115,27 @@ func TestWritesGoToTheLeader(t *testing.T) {
 	if f.faults.Calls(markMethod) != 0 || l.faults.Calls(markMethod) != 1 {
 		t.Fatalf("mark calls: follower %d leader %d, want 0 and 1", f.faults.Calls(markMethod), l.faults.Calls(markMethod))
 	}
+	// A stale check answers from the follower's own state: wait until it
+	// has applied the mark (and the namespace its first write created),
+	// else it rightly answers NotFound.
+	ls, err := l.srv.Node().Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		fs, err := f.srv.Node().Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fs.AppliedIndex >= ls.AppliedIndex {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("follower applied %d, leader %d: %v", fs.AppliedIndex, ls.AppliedIndex, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	if _, err := c.Check(ctx, "ns", [][]byte{[]byte("x")}, client.Stale); err != nil {
 		t.Fatal(err)
 	}

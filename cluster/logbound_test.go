@@ -276,15 +276,16 @@ func TestLogBound_KeepsTheLogWithinMaxLogBytes(t *testing.T) {
 	cfgs := map[string]Config{"n1": logBoundConfig(t.TempDir(), "n1", true, maxLog)}
 	nodes := map[string]*Node{"n1": startNode(t, cfgs["n1"])}
 	n1 := nodes["n1"]
+	members := []*Node{n1}
 	for _, id := range []string{"n2", "n3"} {
 		cfgs[id] = logBoundConfig(t.TempDir(), id, false, maxLog)
 		nodes[id] = startNode(t, cfgs[id])
-		if err := n1.Join(ctx, id, nodes[id].RaftAddr(), "127.0.0.1:1"); err != nil {
-			t.Fatalf("join %s: %v", id, err)
-		}
-		if err := n1.Promote(ctx, id, true); err != nil {
-			t.Fatalf("promote %s: %v", id, err)
-		}
+		// Through whichever member leads: on a busy machine leadership
+		// can move between the two configuration changes.
+		raftAddr := nodes[id].RaftAddr()
+		onLeader(t, members, "join "+id, func(l *Node) error { return l.Join(ctx, id, raftAddr, "127.0.0.1:1") })
+		onLeader(t, members, "promote "+id, func(l *Node) error { return l.Promote(ctx, id, true) })
+		members = append(members, nodes[id])
 	}
 	bounded := func(id string) func() bool {
 		return func() bool {
@@ -342,6 +343,24 @@ func TestLogBound_KeepsTheLogWithinMaxLogBytes(t *testing.T) {
 	}
 	if st.LogBytes == 0 || st.LogBytes > maxLog || st.LogEntries != st.LastLogIndex-st.FirstLogIndex+1 {
 		t.Fatalf("status: log of %d entries, %d bytes (first %d, last %d)", st.LogEntries, st.LogBytes, st.FirstLogIndex, st.LastLogIndex)
+	}
+}
+
+// onLeader runs call on the leader among nodes, again while leadership
+// moves, for up to a minute.
+func onLeader(t *testing.T, nodes []*Node, what string, call func(l *Node) error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := call(leaderOf(t, nodes))
+		if err == nil {
+			return
+		}
+		var nl *NotLeaderError
+		if !errors.As(err, &nl) && !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNotReady) || time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

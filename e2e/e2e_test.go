@@ -267,12 +267,13 @@ func TestCLIContract(t *testing.T) {
 	code, out, _ = cli(t, bin, "", "claim", "--addr", n.grpc, "--output", "json", "job")
 	var claim struct {
 		Result       string `json:"result"`
+		Lease        string `json:"lease"`
 		FencingToken uint64 `json:"fencing_token"`
 	}
-	if code != 0 || json.Unmarshal([]byte(out), &claim) != nil || claim.Result != "acquired" || claim.FencingToken == 0 {
+	if code != 0 || json.Unmarshal([]byte(out), &claim) != nil || claim.Result != "acquired" || claim.FencingToken == 0 || claim.Lease == "" {
 		t.Fatalf("claim json: %d %q", code, out)
 	}
-	code, out, _ = cli(t, bin, "", "commit", "--addr", n.grpc, fmt.Sprintf("job=%d", claim.FencingToken))
+	code, out, _ = cli(t, bin, "", "commit", "--addr", n.grpc, "job="+claim.Lease)
 	if code != 0 || !strings.HasPrefix(out, "job\tok") {
 		t.Fatalf("commit: %d %q", code, out)
 	}

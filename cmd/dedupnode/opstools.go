@@ -860,6 +860,12 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 		return items, kept, nil
 	}
 	res, err := c.Check(ctx, ns, ids, client.Linearizable)
+	if errors.Is(err, client.ErrNamespaceNotFound) {
+		// Nothing was imported into a namespace that does not exist yet:
+		// the marks decide, creating it where the cluster auto-creates
+		// namespaces, and naming it as missing where it does not.
+		res, err = nil, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}
