@@ -73,6 +73,10 @@ func TestDemoEveryEventTakesEffectOnce(t *testing.T) {
 func TestDemoSurvivesLeaderKills(t *testing.T) {
 	cfg := smallConfig(t)
 	cfg.KillLeaderEvery = 700 * time.Millisecond
+	// Every kill costs an election and the consumers' retries, and each
+	// effect waits for the ledger's fsync: on a busy 2-core machine the
+	// run needs more than smallConfig's bound.
+	cfg.Timeout = 6 * time.Minute
 	s, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
