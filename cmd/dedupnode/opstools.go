@@ -856,7 +856,13 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 		}
 		return items, kept, nil
 	}
+	// A namespace that does not exist holds nothing: every item goes on
+	// to the write, which creates it on a cluster that auto-creates
+	// namespaces (a check does not) and is refused NotFound elsewhere.
 	res, err := c.Check(ctx, ns, ids, client.Linearizable)
+	if errors.Is(err, client.ErrNamespaceNotFound) {
+		res, err = nil, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}
