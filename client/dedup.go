@@ -18,9 +18,10 @@ import (
 // else through the leader's read index. With WithRegion, every check goes
 // to a node of that region (which asks the leader for the read index).
 //
-// Errors: NotFound (unknown namespace), InvalidArgument (empty or too long
-// ID, batch too large, Bounded without WithMaxStaleness), Unavailable once
-// retries ran out.
+// Errors: NotFound (unknown namespace, also where writes create one: a
+// check creates none), InvalidArgument (empty or too long ID, batch too
+// large, Bounded without WithMaxStaleness), Unavailable once retries ran
+// out.
 func (c *Client) Check(ctx context.Context, namespace string, ids [][]byte, consistency Consistency) ([]Result, error) {
 	maxStaleness, err := c.staleness(consistency)
 	if err != nil {

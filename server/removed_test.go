@@ -96,7 +96,7 @@ func TestRemovedNodeRestartedSaysItWasRemoved(t *testing.T) {
 		}
 	}
 	both := testcluster.Client(t, []string{victim.srv.GRPCAddr(), other.srv.GRPCAddr()})
-	if _, err := both.Check(cctx, "ns", [][]byte{[]byte("x")}, client.Stale); err != nil {
+	if _, err := both.Check(cctx, "", [][]byte{[]byte("x")}, client.Stale); err != nil {
 		t.Fatalf("stale check through a client that knows the removed node and %s: %v", other.id, err)
 	}
 

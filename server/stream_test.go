@@ -142,7 +142,7 @@ func TestStreamBoundsCallsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range calls {
-		req := &dedupv1.StreamRequest{RequestId: uint64(i + 1), Call: &dedupv1.StreamRequest_Check{Check: &dedupv1.CheckRequest{Namespace: "s", Ids: ids(fmt.Sprint("held-", i), 1)}}}
+		req := &dedupv1.StreamRequest{RequestId: uint64(i + 1), Call: &dedupv1.StreamRequest_Check{Check: &dedupv1.CheckRequest{Ids: ids(fmt.Sprint("held-", i), 1)}}}
 		if err := st.Send(req); err != nil {
 			t.Fatal(err)
 		}

@@ -859,11 +859,11 @@ func skipImported(ctx context.Context, c *client.Client, ns string, items []clie
 		}
 		return items, kept, nil
 	}
+	// A namespace that does not exist holds nothing: every item goes on
+	// to the write, which creates it on a cluster that auto-creates
+	// namespaces (a check does not) and is refused NotFound elsewhere.
 	res, err := c.Check(ctx, ns, ids, client.Linearizable)
 	if errors.Is(err, client.ErrNamespaceNotFound) {
-		// Nothing was imported into a namespace that does not exist yet:
-		// the marks decide, creating it where the cluster auto-creates
-		// namespaces, and naming it as missing where it does not.
 		res, err = nil, nil
 	}
 	if err != nil {
