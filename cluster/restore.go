@@ -42,7 +42,8 @@ var keyCurrentTerm = []byte("CurrentTerm")
 //  5. nodeID is recorded in NodeIDFile, so the data dir starts with no
 //     other ID.
 //
-// On an error dataDir is left as it was: what the seed wrote is removed.
+// On an error dataDir is left as it was, and the error says so: what the
+// seed wrote is removed.
 //
 // Start the node afterwards with the same NodeID and RaftAddr and neither
 // Bootstrap nor Peers: it elects itself, and other nodes join it. Nodes of
@@ -177,10 +178,13 @@ func SeedFromBackupStore(dataDir, nodeID, raftAddr string, store LogStore, backu
 		return res, err
 	}
 	defer func() {
-		if err != nil {
-			if uerr := undo(); uerr != nil {
-				err = fmt.Errorf("%w (removing what the restore wrote failed too: %v)", err, uerr)
-			}
+		if err == nil {
+			return
+		}
+		if uerr := undo(); uerr != nil {
+			err = fmt.Errorf("%w; removing what the restore wrote to %s failed too: %v", err, dataDir, uerr)
+		} else {
+			err = fmt.Errorf("%w; %s is as it was", err, dataDir)
 		}
 	}()
 	if err := os.MkdirAll(raftDir, 0o755); err != nil {

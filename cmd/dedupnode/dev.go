@@ -155,7 +155,20 @@ func runDev(e *env, f *devFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	logger, level, err := newLeveledLogger(e.stderr, f.logLevel, f.logFormat)
+	// Stop as on Ctrl-C when the terminal goes away (SIGHUP), or when a
+	// write to stdout or stderr finds its reader gone ('dedupnode dev 2>&1
+	// | tee log' and a Ctrl-C that stops tee too), rather than die with the
+	// temporary data dir left behind. SIGPIPE is ignored for that: Go
+	// would end the process at such a write, and a handler (Notify) would
+	// also get the SIGPIPEs of the nodes' sockets whose peer went away,
+	// which are no reason to stop; the failed write itself says which.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stopSignals := signal.NotifyContext(e.ctx, syscall.SIGHUP)
+	defer stopSignals()
+	ctx, readerGone := context.WithCancel(ctx)
+	defer readerGone()
+	stdout, stderr := stopOnEPIPE{e.stdout, readerGone}, stopOnEPIPE{e.stderr, readerGone}
+	logger, level, err := newLeveledLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
 		return err
 	}
@@ -168,15 +181,6 @@ func runDev(e *env, f *devFlags) (err error) {
 			err = perr
 		}
 	}()
-
-	// Stop as on Ctrl-C when the terminal goes away (SIGHUP) or the
-	// reader of stdout or stderr does (SIGPIPE: 'dedupnode dev | tee log'
-	// and a Ctrl-C that stops tee too), rather than die with the
-	// temporary data dir left behind. The handler stays until the
-	// deferred removal below has run: while it is there a write to a
-	// closed pipe fails with EPIPE instead of killing the process.
-	ctx, stopSignals := signal.NotifyContext(e.ctx, syscall.SIGHUP, syscall.SIGPIPE)
-	defer stopSignals()
 
 	dir, temp := f.dataDir, false
 	if dir == "" {
@@ -198,7 +202,7 @@ func runDev(e *env, f *devFlags) (err error) {
 		return err
 	}
 	if reused {
-		fmt.Fprintf(e.stderr, "dedupnode dev: %s was created %s: reusing its ports\n", dir, devCreatedWith(addrs))
+		fmt.Fprintf(stderr, "dedupnode dev: %s was created %s: reusing its ports\n", dir, devCreatedWith(addrs))
 	}
 	// Every node starts at once: with a static peer list each waits for
 	// the others to elect a leader.
@@ -231,7 +235,7 @@ func runDev(e *env, f *devFlags) (err error) {
 			logger.Warn("dev: node shutdown", "err", err)
 		}
 		if ctx.Err() != nil {
-			fmt.Fprintln(e.stderr, "dedupnode dev: stopped")
+			fmt.Fprintln(stderr, "dedupnode dev: stopped")
 		}
 	}()
 	// Keep the ports for the next run (devLayout): the nodes' Raft
@@ -244,16 +248,31 @@ func runDev(e *env, f *devFlags) (err error) {
 		nodes[i] = devNode{Node: n, Admin: c.Server(i).AdminAddr()}
 	}
 	leader := c.NodeID(c.Leader())
-	printDev(e.stdout, e.progName, dir, temp, nodes, leader)
+	printDev(stdout, e.progName, dir, temp, nodes, leader)
 
 	<-ctx.Done()
-	fmt.Fprintln(e.stderr, "dedupnode dev: stopping")
+	fmt.Fprintln(stderr, "dedupnode dev: stopping")
 	// Every node stops at once: their complaints about each other going
 	// away are expected, so only errors at debug level get through.
 	if level.Level() > slog.LevelDebug {
 		level.Set(slog.LevelError + 4)
 	}
 	return nil
+}
+
+// stopOnEPIPE is w, whose reader going away (a write failing with EPIPE)
+// calls stop.
+type stopOnEPIPE struct {
+	w    io.Writer
+	stop func()
+}
+
+func (p stopOnEPIPE) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		p.stop()
+	}
+	return n, err
 }
 
 // devStartError explains why the cluster did not start: one line (the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -36,18 +37,12 @@ func TestDevDeletesItsTempDirWhenItsOutputOrTerminalGoes(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tmp := t.TempDir()
-			cmd := dedupnodeCmd(t, []string{"TMPDIR=" + tmp}, "dev", "--base-port", "0", "--nodes", "1")
 			r, w, err := os.Pipe()
 			if err != nil {
 				t.Fatal(err)
 			}
-			cmd.Stdout, cmd.Stderr = w, w
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			p := startProc(t, []string{"TMPDIR=" + tmp}, w, w, "dev", "--base-port", "0", "--nodes", "1")
 			w.Close()
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
 			if c.closeFirst {
 				r.Close()
 			} else {
@@ -70,27 +65,85 @@ func TestDevDeletesItsTempDirWhenItsOutputOrTerminalGoes(t *testing.T) {
 				}()
 				select {
 				case <-printed:
-				case err := <-exited:
-					t.Fatalf("dev exited before printing its addresses: %v", err)
+				case <-p.exited:
+					t.Fatalf("dev exited before printing its addresses: %v", p.waitErr)
 				case <-time.After(90 * time.Second):
 					t.Fatal("dev printed no addresses within 90s")
 				}
-				if err := cmd.Process.Signal(c.sig); err != nil {
+				if err := p.cmd.Process.Signal(c.sig); err != nil {
 					t.Fatal(err)
 				}
 			}
-			select {
-			case err := <-exited:
-				if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
-					t.Errorf("dev was killed by %v (%v)", ws.Signal(), err)
-				}
-			case <-time.After(90 * time.Second):
+			if !p.wait(90 * time.Second) {
 				t.Fatal("dev did not exit within 90s")
+			}
+			if ws := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
+				t.Errorf("dev was killed by %v (%v)", ws.Signal(), p.waitErr)
 			}
 			left, _ := filepath.Glob(filepath.Join(tmp, "dedupnode-dev-*"))
 			if len(left) != 0 {
 				t.Fatalf("dev left its temporary data dir behind: %v", left)
 			}
 		})
+	}
+}
+
+// TestDevSurvivesASIGPIPEFromElsewhere: a SIGPIPE that is not about its
+// own output (the kernel sends one for a write to a socket whose peer
+// went away, say a client killed mid-call) does not stop 'dedupnode dev':
+// it still answers, and stops cleanly on SIGINT.
+func TestDevSurvivesASIGPIPEFromElsewhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a dev cluster")
+	}
+	tmp := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, []string{"TMPDIR=" + tmp}, w, w, "dev", "--base-port", "0", "--nodes", "1")
+	w.Close()
+	defer r.Close()
+	addrs := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "addrs: "); ok {
+				addrs <- a
+			}
+		}
+	}()
+	var addr string
+	select {
+	case addr = <-addrs:
+	case <-p.exited:
+		t.Fatalf("dev exited before printing its addresses: %v", p.waitErr)
+	case <-time.After(90 * time.Second):
+		t.Fatal("dev printed no addresses within 90s")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGPIPE); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if code, out, errs := runCLI(t, ctx, "", "mark", "--addr", addr, "after-sigpipe"); code != 0 || !strings.HasPrefix(out, "after-sigpipe\tnew") {
+		t.Fatalf("mark after a SIGPIPE: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	select {
+	case <-p.exited:
+		t.Fatalf("dev exited after a SIGPIPE: %v", p.waitErr)
+	default:
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if !p.wait(90 * time.Second) {
+		t.Fatal("dev did not exit within 90s of SIGINT")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("dev exited %d after SIGINT", code)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "dedupnode-dev-*")); len(left) != 0 {
+		t.Fatalf("dev left its temporary data dir behind: %v", left)
 	}
 }

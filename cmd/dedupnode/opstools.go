@@ -252,7 +252,7 @@ the node table until you 'remove' them.`,
 			}
 			res, err := cluster.SeedFromBackupStore(dataDir, nodeID, raftAddr, store, in, nil, time.Now())
 			if err != nil {
-				return &opError{err: fmt.Errorf("%w; %s is as it was", err, dataDir), hint: "check that --from is a complete backup made by 'dedupnode backup'"}
+				return &opError{err: err, hint: "check that --from is a complete backup made by 'dedupnode backup'"}
 			}
 			c := res.Records
 			if from == "-" {

@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,22 +89,12 @@ func TestServeRefusesAddressesAndIDsNoOneCouldUse(t *testing.T) {
 // interface, at a port from the OS, until stopped).
 func TestServeEmptyGRPCAddrProcessExits2(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
-	cmd := dedupnodeCmd(t, nil, "serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-addr", closedAddr(t), "--grpc-addr", "")
 	var errs syncBuffer
-	cmd.Stderr = &errs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case <-exited:
-	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-exited
+	p := startProc(t, nil, io.Discard, &errs, "serve", "--node-id", "n1", "--data-dir", dir, "--bootstrap", "--raft-addr", closedAddr(t), "--grpc-addr", "")
+	if !p.wait(60 * time.Second) {
 		t.Fatalf("serve --grpc-addr \"\" still ran after 60s; stderr %q", errs.String())
 	}
-	if code := cmd.ProcessState.ExitCode(); code != exitUsage || !strings.Contains(errs.String(), `--grpc-addr "": want HOST:PORT`) {
+	if code := p.cmd.ProcessState.ExitCode(); code != exitUsage || !strings.Contains(errs.String(), `--grpc-addr "": want HOST:PORT`) {
 		t.Fatalf("exit %d, stderr %q; want exit %d naming --grpc-addr", code, errs.String(), exitUsage)
 	}
 }
